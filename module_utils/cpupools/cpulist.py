@@ -1,0 +1,195 @@
+"""The Linux cpulist syntax: the one parser and formatter of the project.
+
+Accepted (as the kernel's ``bitmap_parselist`` accepts it): single ids ``5``,
+inclusive ranges ``0-7``, the stride form ``0-31:2/8`` (in each group of 8
+CPUs starting at 0, use the first 2), and ``N`` for the last CPU when the
+number of CPUs is known. Items are separated by commas; surrounding
+whitespace (as in sysfs files) is ignored; the empty string is the empty set.
+
+Two output forms:
+
+* ``format_cpulist``: canonical compressed form, ``0-3,8,10-11``; used for
+  kernel arguments, facts and reports.
+* ``format_cmk_cpulist``: CMK's form, ascending ids joined by commas and no
+  ranges, ``0,1,2,3``; used for pool state directory names and the
+  ``CMK_CPUS_*`` environment, because workloads written for CMK split those
+  values on commas.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from .errors import CpulistError
+
+# The flags the kernel accepts in front of the cpulist in isolcpus=
+# (kernel-parameters.txt: "isolcpus= [flag-list,]<cpu-list>").
+ISOLCPUS_FLAGS = ("nohz", "domain", "managed_irq")
+
+
+def _parse_int(text: str, item: str, what: str) -> int:
+    if not text.isdigit():
+        raise CpulistError(f"malformed {what} {item!r}: {text!r} is not a CPU number")
+    return int(text)
+
+
+def _parse_item(item: str, what: str, nr_cpus: int | None) -> Iterable[int]:
+    def cpu(text: str) -> int:
+        if text == "N":
+            if nr_cpus is None:
+                raise CpulistError(f"malformed {what} {item!r}: 'N' needs the number of CPUs")
+            return nr_cpus - 1
+        return _parse_int(text, item, what)
+
+    stride = None
+    body = item
+    if ":" in item:
+        body, _, stride_text = item.partition(":")
+        used, slash, group = stride_text.partition("/")
+        if not slash:
+            raise CpulistError(f"malformed {what} {item!r}: stride must be <used>/<group>")
+        stride = (_parse_int(used, item, what), _parse_int(group, item, what))
+        if stride[0] == 0 or stride[1] == 0 or stride[0] > stride[1]:
+            raise CpulistError(
+                f"malformed {what} {item!r}: stride {stride[0]}/{stride[1]} needs 0 < used <= group"
+            )
+    if "-" in body:
+        first_text, _, last_text = body.partition("-")
+        first, last = cpu(first_text), cpu(last_text)
+        if first > last:
+            raise CpulistError(f"malformed {what} {item!r}: range {first}-{last} runs backwards")
+    else:
+        if stride is not None:
+            raise CpulistError(f"malformed {what} {item!r}: a stride needs a range")
+        first = last = cpu(body)
+    if stride is None:
+        return range(first, last + 1)
+    used, group = stride
+    return (c for c in range(first, last + 1) if (c - first) % group < used)
+
+
+def parse_cpulist(text: str | Iterable[int], what: str = "cpulist", nr_cpus: int | None = None) -> list[int]:
+    """Parse cpulist text into sorted unique CPU ids.
+
+    ``what`` names the value in error messages (``"isolcpus"``, ``"infra_cores"``).
+    A list or tuple of ints (as YAML may give) is accepted and normalised.
+    """
+    if isinstance(text, bool):
+        raise CpulistError(f"malformed {what}: {text!r} is not a cpulist")
+    if isinstance(text, int):
+        text = [text]
+    if not isinstance(text, str):
+        cpus = set()
+        for value in text:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                # Strings inside a list ("0-3") are parsed too.
+                if isinstance(value, str):
+                    cpus.update(parse_cpulist(value, what, nr_cpus))
+                    continue
+                raise CpulistError(f"malformed {what}: {value!r} is not a CPU number")
+            cpus.add(value)
+        return sorted(cpus)
+    stripped = text.strip()
+    if not stripped:
+        return []
+    cpus = set()
+    for position, raw in enumerate(stripped.split(","), start=1):
+        item = raw.strip()
+        if not item:
+            raise CpulistError(f"malformed {what} {text.strip()!r}: item {position} is empty")
+        cpus.update(_parse_item(item, what, nr_cpus))
+    return sorted(cpus)
+
+
+def _runs(cpus: Iterable[int]) -> list[tuple[int, int]]:
+    runs: list[tuple[int, int]] = []
+    for cpu in sorted(set(cpus)):
+        if runs and cpu == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], cpu)
+        else:
+            runs.append((cpu, cpu))
+    return runs
+
+
+def format_cpulist(cpus: Iterable[int]) -> str:
+    """Canonical compressed form: ``0-3,8,10-11``; ``""`` for no CPU."""
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in _runs(cpus))
+
+
+def format_cmk_cpulist(cpus: Iterable[int]) -> str:
+    """CMK's form: ascending ids joined by commas, no ranges: ``0,1,2,3``."""
+    return ",".join(str(cpu) for cpu in sorted(set(cpus)))
+
+
+def format_cpumask(cpus: Iterable[int]) -> str:
+    """Bitmask of ``cpus`` as uppercase hex without ``0x`` (``CMK_CPUS_ASSIGNED_MASK``)."""
+    mask = 0
+    for cpu in cpus:
+        mask |= 1 << cpu
+    return f"{mask:X}"
+
+
+def split_cmdline(text: str) -> list[tuple[str, str | None]]:
+    """Split a kernel command line into ``(key, value)`` pairs in order.
+
+    Follows the kernel's ``next_arg``: whitespace separates parameters, double
+    quotes protect spaces, a parameter without ``=`` has value ``None``.
+    """
+    params: list[tuple[str, str | None]] = []
+    i, n = 0, len(text)
+    while i < n:
+        while i < n and text[i].isspace():
+            i += 1
+        if i >= n:
+            break
+        start, in_quote = i, False
+        while i < n and (in_quote or not text[i].isspace()):
+            if text[i] == '"':
+                in_quote = not in_quote
+            i += 1
+        token = text[start:i]
+        key, eq, value = token.partition("=")
+        key = key.replace('"', "")
+        if not eq:
+            params.append((key, None))
+        else:
+            if len(value) >= 2 and value.startswith('"') and value.endswith('"'):
+                value = value[1:-1]
+            params.append((key, value))
+    return params
+
+
+def parse_isolcpus(value: str, nr_cpus: int | None = None) -> tuple[list[str], list[int]]:
+    """Parse the value of ``isolcpus=`` into ``(flags, cpus)``.
+
+    Understands the flag syntax CMK crashed on (``managed_irq,domain,2-5``),
+    the old plain syntax (``2-5``) and stride ranges. Unknown flags are an
+    error, as the kernel ignores the whole parameter when it meets one.
+    """
+    items = value.strip().split(",")
+    flags: list[str] = []
+    while items and items[0] and not items[0][0].isdigit() and items[0] != "N":
+        flag = items.pop(0)
+        if flag not in ISOLCPUS_FLAGS:
+            raise CpulistError(
+                f"malformed isolcpus {value!r}: unknown flag {flag!r} "
+                f"(the kernel knows {', '.join(ISOLCPUS_FLAGS)})"
+            )
+        if flag not in flags:
+            flags.append(flag)
+    rest = ",".join(items)
+    if not rest.strip():
+        raise CpulistError(f"malformed isolcpus {value!r}: no CPU list")
+    return flags, parse_cpulist(rest, "isolcpus", nr_cpus)
+
+
+def format_isolcpus(flags: Iterable[str], cpus: Iterable[int]) -> str:
+    """Render an ``isolcpus=`` value: ``managed_irq,domain,2-5``."""
+    flags = list(flags)
+    for flag in flags:
+        if flag not in ISOLCPUS_FLAGS:
+            raise CpulistError(
+                f"unknown isolcpus flag {flag!r} (the kernel knows {', '.join(ISOLCPUS_FLAGS)})",
+                field="isolcpus_flags",
+            )
+    return ",".join([*flags, format_cpulist(cpus)])

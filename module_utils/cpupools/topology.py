@@ -1,0 +1,419 @@
+"""The CPU topology model, built from sysfs/procfs text.
+
+``read_cpu_tree`` does the I/O (one function, so the facts module and the node
+agent read a host the same way); ``build_topology`` turns the texts into a
+``Topology``; ``Topology.to_facts``/``Topology.from_facts`` convert to and from
+the JSON-safe dict returned as ``ansible_facts['cpupools']``.
+
+Hyperthread siblings come from ``thread_siblings_list`` (or ``core_cpus_list``
+on kernels that only have that name), never from CPU numbering. Sockets are
+ordered by their lowest CPU id (CMK's "order of first appearance"), cores by
+their lowest CPU id, and a core's logical index numbers cores system-wide in
+that order, as ``lscpu -p`` numbers its ``Core`` column.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from .cpulist import format_cpulist, parse_cpulist, parse_isolcpus, split_cmdline
+from .errors import TopologyError
+
+CPU_DIR = "sys/devices/system/cpu"
+NODE_DIR = "sys/devices/system/node"
+CMDLINE = "proc/cmdline"
+_CPU_RE = re.compile(r"^cpu(\d+)$")
+_NODE_RE = re.compile(r"^node(\d+)$")
+_TOPOLOGY_FILES = ("physical_package_id", "die_id", "core_id", "thread_siblings_list", "core_cpus_list")
+
+
+@dataclass(frozen=True)
+class Cpu:
+    id: int
+    socket: int
+    die: int
+    node: int
+    core_id: int
+    siblings: tuple[int, ...]
+    base_frequency_khz: int | None = None
+
+
+@dataclass(frozen=True)
+class Core:
+    """A physical core: its online hyperthreads, ascending."""
+
+    index: int
+    socket: int
+    die: int
+    node: int
+    core_id: int
+    cpus: tuple[int, ...]
+
+    @property
+    def first(self) -> int:
+        return self.cpus[0]
+
+
+@dataclass(frozen=True)
+class KernelArgs:
+    """What the running kernel was booted with, and what it reports."""
+
+    cmdline: str = ""
+    isolcpus: tuple[int, ...] = ()
+    isolcpus_flags: tuple[str, ...] = ()
+    isolcpus_set: bool = False
+    nohz_full: tuple[int, ...] | None = None
+    rcu_nocbs: tuple[int, ...] | None = None
+    irqaffinity: tuple[int, ...] | None = None
+    isolated_active: tuple[int, ...] = ()
+    nohz_full_active: tuple[int, ...] = ()
+
+
+@dataclass
+class Topology:
+    cpus: dict[int, Cpu]
+    offline: tuple[int, ...] = ()
+    kernel: KernelArgs = field(default_factory=KernelArgs)
+    cores: list[Core] = field(init=False)
+    sockets: list[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._check_siblings()
+        groups: dict[tuple[int, ...], Cpu] = {}
+        for cpu_id in sorted(self.cpus):
+            cpu = self.cpus[cpu_id]
+            groups.setdefault(cpu.siblings, cpu)
+        ordered = sorted(groups, key=lambda sibs: sibs[0])
+        self.cores = [
+            Core(
+                index=i,
+                socket=groups[s].socket,
+                die=groups[s].die,
+                node=groups[s].node,
+                core_id=groups[s].core_id,
+                cpus=s,
+            )
+            for i, s in enumerate(ordered)
+        ]
+        self.sockets = []
+        for core in self.cores:
+            if core.socket not in self.sockets:
+                self.sockets.append(core.socket)
+        self._core_of = {cpu: core for core in self.cores for cpu in core.cpus}
+
+    def _check_siblings(self) -> None:
+        for cpu in self.cpus.values():
+            if cpu.id not in cpu.siblings:
+                raise TopologyError(f"cpu{cpu.id}: its thread siblings {format_cpulist(cpu.siblings)} do not include itself")
+            for other in cpu.siblings:
+                peer = self.cpus.get(other)
+                if peer is None:
+                    raise TopologyError(
+                        f"cpu{cpu.id}: sibling cpu{other} is not online; sysfs topology is inconsistent"
+                    )
+                if peer.siblings != cpu.siblings or peer.socket != cpu.socket:
+                    raise TopologyError(
+                        f"cpu{cpu.id} and cpu{other} disagree on their siblings or socket "
+                        f"({format_cpulist(cpu.siblings)} vs {format_cpulist(peer.siblings)})"
+                    )
+
+    # Queries -----------------------------------------------------------------
+
+    @property
+    def online(self) -> list[int]:
+        return sorted(self.cpus)
+
+    def core_of(self, cpu: int) -> Core:
+        return self._core_of[cpu]
+
+    def cores_on(self, socket: int) -> list[Core]:
+        return [core for core in self.cores if core.socket == socket]
+
+    @property
+    def threads_per_core(self) -> int:
+        return max((len(core.cpus) for core in self.cores), default=0)
+
+    @property
+    def numa_nodes(self) -> dict[int, list[int]]:
+        nodes: dict[int, list[int]] = {}
+        for cpu_id in sorted(self.cpus):
+            nodes.setdefault(self.cpus[cpu_id].node, []).append(cpu_id)
+        return dict(sorted(nodes.items()))
+
+    @property
+    def sst_bf_cpus(self) -> list[int]:
+        """CPUs whose base frequency is above the lowest (SST-BF high priority).
+
+        Empty when any online CPU lacks ``base_frequency`` or all are equal.
+        """
+        freqs = [cpu.base_frequency_khz for cpu in self.cpus.values()]
+        if not freqs or any(f is None for f in freqs):
+            return []
+        p1 = min(freqs)  # type: ignore[type-var]
+        return sorted(cpu.id for cpu in self.cpus.values() if cpu.base_frequency_khz > p1)  # type: ignore[operator]
+
+    def sst_bf_cores(self) -> set[int]:
+        """Indexes of cores all of whose threads are SST-BF high priority."""
+        hp = set(self.sst_bf_cpus)
+        return {core.index for core in self.cores if hp and all(c in hp for c in core.cpus)}
+
+    # Facts -------------------------------------------------------------------
+
+    def to_facts(self) -> dict:
+        kernel = self.kernel
+        socket_facts = {}
+        for socket in self.sockets:
+            cores = self.cores_on(socket)
+            socket_facts[str(socket)] = {
+                "cpus": format_cpulist(c for core in cores for c in core.cpus),
+                "cores": [format_cpulist(core.cpus) for core in cores],
+                "numa_nodes": sorted({core.node for core in cores}),
+            }
+        sst = self.sst_bf_cpus
+        freqs = sorted({cpu.base_frequency_khz for cpu in self.cpus.values() if cpu.base_frequency_khz})
+        return {
+            "cpus": [
+                {
+                    "id": cpu.id,
+                    "socket": cpu.socket,
+                    "die": cpu.die,
+                    "numa_node": cpu.node,
+                    "core_id": cpu.core_id,
+                    "core": self.core_of(cpu.id).index,
+                    "siblings": format_cpulist(cpu.siblings),
+                    "base_frequency_khz": cpu.base_frequency_khz,
+                }
+                for cpu in (self.cpus[i] for i in sorted(self.cpus))
+            ],
+            "online": format_cpulist(self.cpus),
+            "offline": format_cpulist(self.offline),
+            "sockets": socket_facts,
+            "socket_order": list(self.sockets),
+            "numa_nodes": {str(n): format_cpulist(cpus) for n, cpus in self.numa_nodes.items()},
+            "cores": len(self.cores),
+            "threads_per_core": self.threads_per_core,
+            "kernel": {
+                "cmdline": kernel.cmdline,
+                "isolcpus": {
+                    "set": kernel.isolcpus_set,
+                    "cpus": format_cpulist(kernel.isolcpus),
+                    "flags": list(kernel.isolcpus_flags),
+                },
+                "nohz_full": None if kernel.nohz_full is None else format_cpulist(kernel.nohz_full),
+                "rcu_nocbs": None if kernel.rcu_nocbs is None else format_cpulist(kernel.rcu_nocbs),
+                "irqaffinity": None if kernel.irqaffinity is None else format_cpulist(kernel.irqaffinity),
+                "isolated": format_cpulist(kernel.isolated_active),
+                "nohz_full_active": format_cpulist(kernel.nohz_full_active),
+            },
+            "sst_bf": {
+                "available": bool(sst),
+                "high_priority_cpus": format_cpulist(sst),
+                "base_frequencies_khz": freqs,
+            },
+        }
+
+    @classmethod
+    def from_facts(cls, facts: Mapping) -> Topology:
+        """Rebuild the model from ``to_facts`` output (as it comes back from Ansible)."""
+        try:
+            cpus = {}
+            for item in facts["cpus"]:
+                cpu = Cpu(
+                    id=int(item["id"]),
+                    socket=int(item["socket"]),
+                    die=int(item.get("die", 0)),
+                    node=int(item.get("numa_node", 0)),
+                    core_id=int(item.get("core_id", 0)),
+                    siblings=tuple(parse_cpulist(item["siblings"], f"siblings of cpu{item['id']}")),
+                    base_frequency_khz=item.get("base_frequency_khz"),
+                )
+                cpus[cpu.id] = cpu
+            kernel = facts.get("kernel") or {}
+            iso = kernel.get("isolcpus") or {}
+
+            def optional(key: str) -> tuple[int, ...] | None:
+                value = kernel.get(key)
+                return None if value is None else tuple(parse_cpulist(value, key))
+
+            kargs = KernelArgs(
+                cmdline=kernel.get("cmdline", ""),
+                isolcpus=tuple(parse_cpulist(iso.get("cpus", ""), "isolcpus")),
+                isolcpus_flags=tuple(iso.get("flags", ())),
+                isolcpus_set=bool(iso.get("set", False)),
+                nohz_full=optional("nohz_full"),
+                rcu_nocbs=optional("rcu_nocbs"),
+                irqaffinity=optional("irqaffinity"),
+                isolated_active=tuple(parse_cpulist(kernel.get("isolated", ""), "isolated")),
+                nohz_full_active=tuple(parse_cpulist(kernel.get("nohz_full_active", ""), "nohz_full")),
+            )
+            offline = tuple(parse_cpulist(facts.get("offline", ""), "offline"))
+        except (KeyError, TypeError) as exc:
+            raise TopologyError(f"topology facts are incomplete or malformed ({exc!r}); run cpupools_facts first") from None
+        if not cpus:
+            raise TopologyError("topology facts list no online CPU")
+        return cls(cpus=cpus, offline=offline, kernel=kargs)
+
+
+def parse_kernel_cmdline(cmdline: str, isolated: str = "", nohz_full_active: str = "", nr_cpus: int | None = None) -> KernelArgs:
+    """Read the CPU-isolation arguments out of ``/proc/cmdline`` text.
+
+    Every ``isolcpus=`` occurrence is read (flags and CPUs unioned, as CMK
+    did); for the other arguments the last occurrence counts.
+    """
+    if nohz_full_active.strip() == "(null)":  # what the kernel prints without nohz_full=
+        nohz_full_active = ""
+    iso_cpus: set[int] = set()
+    iso_flags: list[str] = []
+    iso_set = False
+    values: dict[str, tuple[int, ...]] = {}
+    for key, value in split_cmdline(cmdline):
+        if value is None:
+            continue
+        where = f"/proc/cmdline {key}="
+        if key == "isolcpus":
+            iso_set = True
+            flags, cpus = parse_isolcpus(value, nr_cpus)
+            iso_cpus.update(cpus)
+            iso_flags.extend(f for f in flags if f not in iso_flags)
+        elif key in ("nohz_full", "rcu_nocbs", "irqaffinity"):
+            values[key] = tuple(parse_cpulist(value, where, nr_cpus))
+    return KernelArgs(
+        cmdline=cmdline.strip(),
+        isolcpus=tuple(sorted(iso_cpus)),
+        isolcpus_flags=tuple(iso_flags),
+        isolcpus_set=iso_set,
+        nohz_full=values.get("nohz_full"),
+        rcu_nocbs=values.get("rcu_nocbs"),
+        irqaffinity=values.get("irqaffinity"),
+        isolated_active=tuple(parse_cpulist(isolated, "/sys/devices/system/cpu/isolated")),
+        nohz_full_active=tuple(parse_cpulist(nohz_full_active, "/sys/devices/system/cpu/nohz_full")),
+    )
+
+
+def _int(text: str | None, what: str, default: int | None = None) -> int:
+    if text is None:
+        if default is None:
+            raise TopologyError(f"{what} is missing")
+        return default
+    text = text.strip()
+    try:
+        return int(text)
+    except ValueError:
+        raise TopologyError(f"{what}: {text!r} is not a number") from None
+
+
+def build_topology(files: Mapping[str, str | None]) -> Topology:
+    """Build a ``Topology`` from the texts ``read_cpu_tree`` collected.
+
+    ``files`` maps paths relative to the root (``sys/devices/system/cpu/online``)
+    to their text, or ``None`` for a file that does not exist; the special key
+    ``"nodes/<cpu>"`` holds the NUMA node of a CPU found from its ``nodeN`` link.
+    """
+    base = CPU_DIR
+    cpu_ids = sorted(int(k.split("/")[-1]) for k in files if k.startswith("cpus/"))
+    possible = set(cpu_ids)
+    online_text = files.get(f"{base}/online")
+    if online_text is not None:
+        online = set(parse_cpulist(online_text, f"{base}/online"))
+    else:
+        online = {c for c in cpu_ids if (files.get(f"{base}/cpu{c}/online") or "1").strip() == "1"}
+    offline = sorted(possible - online)
+    cpus = {}
+    freqs = {}
+    for cpu_id in sorted(online & possible):
+        path = f"{base}/cpu{cpu_id}/topology"
+        siblings_text = files.get(f"{path}/thread_siblings_list")
+        if siblings_text is None:
+            siblings_text = files.get(f"{path}/core_cpus_list")
+        if siblings_text is None:
+            raise TopologyError(f"{path}: neither thread_siblings_list nor core_cpus_list exists")
+        siblings = tuple(parse_cpulist(siblings_text, f"{path}/thread_siblings_list"))
+        freq = files.get(f"{base}/cpu{cpu_id}/cpufreq/base_frequency")
+        if freq is not None:
+            freqs[cpu_id] = _int(freq, f"{base}/cpu{cpu_id}/cpufreq/base_frequency")
+        cpus[cpu_id] = Cpu(
+            id=cpu_id,
+            socket=_int(files.get(f"{path}/physical_package_id"), f"{path}/physical_package_id"),
+            die=_int(files.get(f"{path}/die_id"), f"{path}/die_id", 0),
+            node=_int(files.get(f"nodes/{cpu_id}"), f"NUMA node of cpu{cpu_id}", 0),
+            core_id=_int(files.get(f"{path}/core_id"), f"{path}/core_id"),
+            siblings=siblings,
+            base_frequency_khz=freqs.get(cpu_id),
+        )
+    if not cpus:
+        raise TopologyError(f"no online CPU found under {base}")
+    kernel = parse_kernel_cmdline(
+        files.get(CMDLINE) or "",
+        files.get(f"{base}/isolated") or "",
+        files.get(f"{base}/nohz_full") or "",
+        nr_cpus=max(possible) + 1,
+    )
+    return Topology(cpus=cpus, offline=tuple(offline), kernel=kernel)
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii", errors="replace") as handle:
+            return handle.read()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        raise TopologyError(f"cannot read {path}: {exc.strerror}") from None
+
+
+def read_cpu_tree(root: str = "/") -> dict[str, str | None]:
+    """Read every sysfs/procfs file ``build_topology`` needs under ``root``."""
+    cpu_dir = os.path.join(root, CPU_DIR)
+    try:
+        entries = os.listdir(cpu_dir)
+    except OSError as exc:
+        raise TopologyError(f"cannot list {cpu_dir}: {exc.strerror}") from None
+    files: dict[str, str | None] = {}
+    for name in ("online", "offline", "present", "possible", "isolated", "nohz_full"):
+        files[f"{CPU_DIR}/{name}"] = _read(os.path.join(cpu_dir, name))
+    files[CMDLINE] = _read(os.path.join(root, CMDLINE))
+    node_of: dict[int, int] = {}
+    node_dir = os.path.join(root, NODE_DIR)
+    if os.path.isdir(node_dir):
+        for name in os.listdir(node_dir):
+            m = _NODE_RE.match(name)
+            if m:
+                text = _read(os.path.join(node_dir, name, "cpulist"))
+                for cpu in parse_cpulist(text or "", f"{NODE_DIR}/{name}/cpulist"):
+                    node_of[cpu] = int(m.group(1))
+    for name in entries:
+        m = _CPU_RE.match(name)
+        if not m:
+            continue
+        cpu = int(m.group(1))
+        files[f"cpus/{cpu}"] = name
+        rel = f"{CPU_DIR}/{name}"
+        path = os.path.join(cpu_dir, name)
+        files[f"{rel}/online"] = _read(os.path.join(path, "online"))
+        for topo in _TOPOLOGY_FILES:
+            files[f"{rel}/topology/{topo}"] = _read(os.path.join(path, "topology", topo))
+        files[f"{rel}/cpufreq/base_frequency"] = _read(os.path.join(path, "cpufreq", "base_frequency"))
+        if cpu not in node_of:
+            for link in _list(path):
+                nm = _NODE_RE.match(link)
+                if nm:
+                    node_of[cpu] = int(nm.group(1))
+                    break
+        if cpu in node_of:
+            files[f"nodes/{cpu}"] = str(node_of[cpu])
+    return files
+
+
+def _list(path: str) -> Iterable[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return ()
+
+
+def gather_topology(root: str = "/") -> Topology:
+    """Read and build the topology of the host (or fixture tree) at ``root``."""
+    return build_topology(read_cpu_tree(root))
