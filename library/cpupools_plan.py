@@ -43,8 +43,8 @@ options:
     default: packed
   excl_non_isolcpus:
     description:
-      - CPU ids (cpulist text or list) of the C(exclusive-non-isolcpus) pool:
-        cores handed out whole but not isolated. Whole cores only.
+      - CPU ids (cpulist text or list) of the C(exclusive-non-isolcpus) pool,
+        whose cores are handed out whole but not isolated. Whole cores only.
     type: raw
   infra_cores:
     description:

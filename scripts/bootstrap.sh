@@ -9,11 +9,10 @@ want=$(sha256sum requirements.txt | cut -d' ' -f1)
 if [ -x .venv/bin/python ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
     exit 0
 fi
-if ! "$python" -m venv --help >/dev/null 2>&1; then
-    echo "bootstrap: $python has no venv module; install python3-venv" >&2
+rm -rf .venv
+if ! "$python" -m venv .venv; then
+    echo "bootstrap: '$python -m venv' failed; install python3-venv (apt-get install python3-venv)" >&2
     exit 1
 fi
-"$python" -m venv .venv
-.venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -r requirements.txt
 echo "$want" > "$stamp"

@@ -67,10 +67,11 @@ class PlaybookResult:
         return out
 
     def result(self, task_name: str, host: str = "localhost") -> dict:
-        """The result of the last task called ``task_name`` on ``host``."""
+        """The result of the last task called ``task_name`` (with or without its ``role : `` prefix) on ``host``."""
         found = None
         for task in self.tasks():
-            if task["task"]["name"] == task_name and host in task["hosts"]:
+            name = task["task"]["name"]
+            if (name == task_name or name.endswith(f" : {task_name}")) and host in task["hosts"]:
                 found = task["hosts"][host]
         if found is None:
             raise AssertionError(

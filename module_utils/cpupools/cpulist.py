@@ -182,7 +182,11 @@ def parse_isolcpus(value: str, nr_cpus: int | None = None, what: str = "isolcpus
     rest = ",".join(items)
     if not rest.strip():
         raise CpulistError(f"malformed {what} {value!r}: no CPU list")
-    return flags, parse_cpulist(rest, what, nr_cpus)
+    try:
+        return flags, parse_cpulist(rest, what, nr_cpus)
+    except CpulistError as exc:
+        # Name the whole value, flags included, as the operator wrote it.
+        raise CpulistError(str(exc).replace(f"{what} {rest!r}", f"{what} {value.strip()!r}", 1)) from None
 
 
 def format_isolcpus(flags: Iterable[str], cpus: Iterable[int]) -> str:

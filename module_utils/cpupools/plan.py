@@ -154,12 +154,12 @@ def _whole_cores(topo: Topology, cpus: Iterable[int], name: str) -> list[Core]:
     offline = [c for c in cpus if c not in topo.cpus]
     if offline:
         raise PlanError(f"CPU(s) {format_cpulist(offline)} are offline", name)
-    cores: list[Core] = []
+    by_index: dict[int, Core] = {}
     wanted = set(cpus)
     for cpu in cpus:
         core = topo.core_of(cpu)
-        if core not in cores:
-            cores.append(core)
+        by_index[core.index] = core
+    cores = list(by_index.values())
     for core in cores:
         missing = [c for c in core.cpus if c not in wanted]
         if missing:
@@ -282,7 +282,8 @@ def _generate(topo: Topology, req: PlanRequest) -> _Layout:
             )
         infra_note = f"{_plural(len(infra), 'infra core')} (cpupools_infra_cores)"
     eni = _whole_cores(topo, req.excl_non_isolcpus, "excl_non_isolcpus") if req.excl_non_isolcpus else []
-    overlap = [c for c in eni if c in infra]
+    infra_index = {c.index for c in infra}
+    overlap = [c for c in eni if c.index in infra_index]
     if overlap:
         raise PlanError(
             f"CPU(s) {format_cpulist(c for core in overlap for c in core.cpus)} are infra cores "
@@ -299,7 +300,8 @@ def _generate(topo: Topology, req: PlanRequest) -> _Layout:
     for pool, count, mode in order:
         chosen = _pick(free, topo.sockets, mode, count, prefer if pool == EXCLUSIVE else set())
         layout.pools[pool] = chosen
-        free = [c for c in free if c not in chosen]
+        taken_now = {c.index for c in chosen}
+        free = [c for c in free if c.index not in taken_now]
     layout.pools[ENI] = eni
     layout.pools[INFRA] = sorted(infra + free, key=lambda c: c.first)
     layout.isolated = sorted(c for pool in req.isolated_pools for core in layout.pools[pool] for c in core.cpus)
@@ -428,6 +430,7 @@ def plan_pools(topo: Topology, req: PlanRequest) -> dict:
     ``sockets``, ``exclusive_pools``, ``warnings``, ``adopted`` and ``request``.
     """
     layout = _adopt(topo, req) if req.isolcpus_source == "adopt" else _generate(topo, req)
+    preferred = _sst_prefer(topo, req)
     sockets = [str(s) for s in topo.sockets]
     pools: dict[str, dict[str, list[str]]] = {}
     handout: dict[str, list[str]] = {}
@@ -471,9 +474,7 @@ def plan_pools(topo: Topology, req: PlanRequest) -> dict:
         "counts": {pool: len(layout.pools.get(pool, [])) for pool in pools},
         "cpu_counts": {pool: sum(len(c.cpus) for c in layout.pools.get(pool, [])) for pool in pools},
         "sockets": [int(s) for s in sockets],
-        "sst_bf_cores": format_cpulist(
-            cpu for core in topo.cores if core.index in _sst_prefer(topo, req) for cpu in core.cpus
-        ),
+        "sst_bf_cores": format_cpulist(cpu for core in topo.cores if core.index in preferred for cpu in core.cpus),
         "warnings": layout.warnings,
         "adopted": layout.adopted,
         "request": request,
