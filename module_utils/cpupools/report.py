@@ -404,7 +404,10 @@ def _k8s(view: HostView, k8s: Mapping | None, plan: Mapping | None) -> None:
         view.resources_note = reason
         view.resources = [(name, str(n), "-", "") for name, n in sorted(derived.items())]
         return
-    expected = {str(k): _int(v, f"expected {k}", "k8s_status") for k, v in (k8s.get("expected") or derived).items()}
+    expected = {
+        str(k): _int(v, f"expected {k}", "k8s_status")
+        for k, v in (derived if k8s.get("expected") is None else k8s["expected"]).items()
+    }
     advertised = {str(k): _int(v, f"advertised {k}", "k8s_status") for k, v in (k8s.get("advertised") or {}).items()}
     for name in sorted(set(expected) | set(advertised)):
         want, have = expected.get(name), advertised.get(name)
@@ -488,7 +491,7 @@ def fleet_summary(views: Sequence[HostView], failed: Sequence[str] = ()) -> str:
     parts = [f"fleet: {_plural(len(views), 'host')}"]
     for status, label in (
         ("ok", "as planned"),
-        ("pending", "pending reboot"),
+        ("pending", "pending"),
         ("drift", "drifted"),
         ("unplanned", "unplanned"),
     ):
@@ -561,7 +564,11 @@ def host_lines(view: HostView) -> list[str]:
 
 def render_text_lines(hosts: Sequence[Mapping], failed: Sequence[str] = (), generated: str | None = None) -> list[str]:
     """The text report as a list of lines (for ``ansible.builtin.debug``)."""
-    views = analyse(hosts)
+    return text_lines(analyse(hosts), failed, generated)
+
+
+def text_lines(views: Sequence[HostView], failed: Sequence[str] = (), generated: str | None = None) -> list[str]:
+    """``render_text_lines`` from views already analysed."""
     lines: list[str] = []
     if generated:
         lines.append(f"cpupools report, {generated}")
@@ -757,7 +764,16 @@ def render_html(
     generated: str | None = None,
 ) -> str:
     """One self-contained HTML page: inline CSS, no script, no external asset."""
-    views = analyse(hosts)
+    return html_page(analyse(hosts), failed, title, generated)
+
+
+def html_page(
+    views: Sequence[HostView],
+    failed: Sequence[str] = (),
+    title: str = "cpupools report",
+    generated: str | None = None,
+) -> str:
+    """``render_html`` from views already analysed."""
     body = [
         f"<h1>{_esc(title)}</h1>",
         f'<p class="generated">{_esc(generated)}</p>' if generated else "",
