@@ -614,7 +614,7 @@ text-shadow:0 0 2px rgba(0,0,0,.8)}
 .p-release{outline:3px dashed #e69f00;outline-offset:-3px}
 .busy::after{content:"";position:absolute;top:2px;right:2px;width:6px;height:6px;border-radius:50%;
 background:#111;border:1px solid #fff}
-.offline{margin:4px 0 0}
+.offline{margin:4px 0 12px}
 table{border-collapse:collapse;margin:0 0 10px}
 th,td{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top}
 th{background:#f0f0f0}td.n{text-align:right}
