@@ -423,8 +423,12 @@ def _k8s(view: HostView, k8s: Mapping | None, plan: Mapping | None) -> None:
 def _pool_rows(view: HostView, plan: Mapping, held: Mapping[tuple[str, str], int], topo: Topology | None) -> None:
     cpulists = _plan_cpulists(plan)
     for pool in _ordered_pools(cpulists):
-        for socket in sorted(cpulists[pool], key=lambda s: (len(s), s)):
-            lists = [parse_cpulist(c) for c in cpulists[pool][socket] if c]
+        sockets = sorted(cpulists[pool], key=lambda s: (len(s), s))
+        # A socket without CPUs of the pool gets no row (an 8-socket node would
+        # get 7 empty rows per packed pool); an empty pool gets one row.
+        filled = [s for s in sockets if any(cpulists[pool][s])]
+        for socket in filled or ["-"]:
+            lists = [parse_cpulist(c) for c in cpulists[pool].get(socket, []) if c]
             cpus = sorted(c for lst in lists for c in lst)
             if pool in EXCLUSIVE_POOLS:
                 cores = str(len(lists))
@@ -605,7 +609,7 @@ vertical-align:middle}
 .numa{border:1px dashed #999;border-radius:6px;padding:4px 6px 6px;margin:4px 0 0}
 .cores{display:grid;grid-template-columns:repeat(var(--cols),max-content);gap:4px}
 .core{display:flex;gap:2px;padding:2px;border:1px solid #888;border-radius:4px;background:#fff}
-.t{position:relative;box-sizing:border-box;width:34px;height:24px;border-radius:3px;font-size:11px;
+.t{position:relative;box-sizing:border-box;width:30px;height:24px;border-radius:3px;font-size:11px;
 line-height:24px;text-align:center;font-variant-numeric:tabular-nums}
 .p-isolate{outline:3px solid #e69f00;outline-offset:-3px;
 background-image:repeating-linear-gradient(45deg,rgba(0,0,0,0) 0 5px,rgba(255,255,255,.45) 5px 7px);

@@ -78,9 +78,12 @@ def test_every_cpu_drawn_once_in_its_planned_pool(host_input, name):
     # The text table lists every pool of every socket, cpulists compressed.
     text = render_text([entry])
     for pool, sockets in plan["pools"].items():
-        for socket, lists in sockets.items():
+        filled = {s: lists for s, lists in sockets.items() if lists} or {"-": []}
+        for socket, lists in filled.items():
             cpus = format_cpulist(c for lst in lists for c in parse_cpulist(lst)) or "-"
-            assert re.search(rf"^  {re.escape(pool)}\s+{socket}\s+\d+\s+\d+\s+{re.escape(cpus)}(\s|$)", text, re.M), (
+            assert re.search(
+                rf"^  {re.escape(pool)}\s+{re.escape(socket)}\s+\d+\s+\d+\s+{re.escape(cpus)}(\s|$)", text, re.M
+            ), (
                 pool,
                 socket,
                 text,
@@ -113,6 +116,8 @@ def test_text_report_of_a_pending_node(host_input):
     assert re.search(r"^  exclusive\s+0\s+3\s+6\s+1-3,45-47\s+0/3$", text, re.M)
     assert re.search(r"^  exclusive\s+1\s+3\s+6\s+23-25,67-69\s+0/3$", text, re.M)
     assert re.search(r"^  shared\s+0\s+2\s+4\s+4-5,48-49$", text, re.M)
+    assert not re.search(r"^  shared\s+1", text, re.M)  # no row for a socket without shared CPUs
+
     assert (
         "isolated CPUs   active none; planned 1-5,23-25,45-49,67-69 (+1-5,23-25,45-49,67-69 to isolate at next boot)"
         in text
@@ -121,6 +126,11 @@ def test_text_report_of_a_pending_node(host_input):
     assert "cmk.intel.com/exclusive-cores: expected 6, advertised - (not collected)" in text
     assert "drift           none" in text
     assert lines[-1] == "fleet: 1 host; 1 pending (node-1); 6 exclusive cores"
+
+
+def test_an_empty_pool_gets_one_row(host_input):
+    text = render_text([host_input("1s8c-smt2", {"num_shared_cores": 0})])
+    assert re.search(r"^  shared\s+-\s+0\s+0\s+-$", text, re.M), text
 
 
 def test_kernel_that_differs_without_a_pending_reboot_is_drift(host_input):
