@@ -43,7 +43,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .cpulist import format_cpulist, parse_cpulist
-from .errors import CpupoolsError
+from .errors import CpupoolsError, ReportError
 from .plan import ENI, EXCLUSIVE, EXCLUSIVE_POOLS, INFRA, POOL_ORDER, SHARED
 from .topology import Topology
 
@@ -83,10 +83,6 @@ DESCRIPTIONS = {
 }
 
 NOT_COLLECTED = "not collected"
-
-
-class ReportError(CpupoolsError):
-    """A report input is malformed (a bug upstream, not an operator error)."""
 
 
 @dataclass
