@@ -37,3 +37,7 @@ class CpulistError(CpupoolsError):
 
 class TopologyError(CpupoolsError):
     """The sysfs tree is missing or inconsistent."""
+
+
+class ReportError(CpupoolsError):
+    """A report input is malformed (a bug in the stage that produced it)."""

@@ -1,0 +1,43 @@
+"""Time the report renderers over a simulated fleet; prints its figures.
+
+Usage: .venv/bin/python bench/report_render.py [HOSTS]
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(HERE, "..", "module_utils"), os.path.join(HERE, "..", "tests", "fixtures")]
+
+from cpupools.plan import make_request, plan_pools  # noqa: E402
+from cpupools.report import analyse, html_page, text_lines  # noqa: E402
+from cpupools.topology import gather_topology  # noqa: E402
+from sysfs import CORPUS, write_tree  # noqa: E402
+
+
+def main() -> None:
+    count = int(sys.argv[1]) if len(sys.argv) > 1 else 50
+    with tempfile.TemporaryDirectory() as tmp:
+        entries = {}
+        for name, request in (("2s22c-smt2", {"num_exclusive_cores": 8}), ("8s64c-smt2", {"num_exclusive_cores": 64})):
+            topo = gather_topology(write_tree(os.path.join(tmp, name), CORPUS[name]))
+            entries[name] = {"topology": topo.to_facts(), "plan": plan_pools(topo, make_request(request))}
+    for name, entry in entries.items():
+        hosts = [dict(entry, host=f"node-{i:03d}") for i in range(count)]
+        start = time.perf_counter()
+        views = analyse(hosts)
+        lines = text_lines(views)
+        page = html_page(views)
+        took = time.perf_counter() - start
+        print(
+            f"{count} hosts of {name}: {took:.2f} s ({took / count * 1000:.1f} ms/host), "
+            f"text {len(lines)} lines, html {len(page) / 1024:.0f} KiB"
+        )
+
+
+if __name__ == "__main__":
+    main()

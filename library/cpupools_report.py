@@ -1,0 +1,197 @@
+#!/usr/bin/python
+# Copyright: the cpupools authors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+DOCUMENTATION = r"""
+---
+module: cpupools_report
+short_description: Render the fleet report of CPU pools, pending changes and drift
+description:
+  - Runs once on the controller (C(delegate_to=localhost), C(run_once)) over
+    the facts of every host of the play and renders a text report (returned) and,
+    when O(html_path) is given, one self-contained HTML page with a picture of
+    each node's sockets, cores and hyperthreads coloured by pool.
+  - Pure rendering from its inputs; the output is deterministic, so an
+    unchanged fleet rewrites nothing and reports C(changed=false).
+  - Every per-host part but C(host) is optional; a missing part is shown as
+    C(not collected).
+version_added: "0.1.0"
+options:
+  hosts:
+    description:
+      - One dict per host, in the order to show them.
+      - C(host) (str, required) inventory name; C(topology) the facts of
+        M(cpupools_facts) (C(ansible_facts.cpupools)); C(plan) the plan of
+        M(cpupools_plan) (fact C(cpupools_plan)); C(kernel) the kernel
+        argument status (C(reboot_required), C(pending),
+        C(desired_cmdline_args)); C(state) the pool state status (C(present),
+        C(pools), C(tasks)); C(k8s) the Kubernetes status (C(enabled),
+        C(advertised), C(expected), C(skipped_reason)).
+      - See docs/report.md for the full schema.
+    type: list
+    elements: dict
+    required: true
+  failed_hosts:
+    description: Hosts of the play that failed before the report; named in the fleet summary.
+    type: list
+    elements: str
+    default: []
+  html_path:
+    description:
+      - Where to write the HTML report (parent directories are created).
+        Empty or unset writes no file.
+      - Written atomically, and only when its content changes.
+    type: path
+  title:
+    description: Title of the HTML page.
+    type: str
+    default: cpupools report
+  generated:
+    description:
+      - Free text shown under the title, for example a date. Unset by default,
+        so that an unchanged fleet gives a byte-identical report.
+    type: str
+attributes:
+  check_mode:
+    support: full
+    details: Renders and says whether the HTML file would change; writes nothing.
+  diff_mode:
+    support: partial
+    details: >-
+      The diff names the HTML file and its size and SHA-1 before and after,
+      not the markup itself, which would bury the rest of a C(--diff) run.
+author:
+  - cpupools authors
+"""
+
+EXAMPLES = r"""
+- name: Render the fleet report
+  cpupools_report:
+    hosts:
+      - host: "{{ inventory_hostname }}"
+        topology: "{{ ansible_facts.cpupools }}"
+        plan: "{{ cpupools_plan }}"
+    html_path: "{{ playbook_dir }}/sandbox/report.html"
+  delegate_to: localhost
+  run_once: true
+  register: report
+
+- name: Print it
+  ansible.builtin.debug:
+    msg: "{{ report.lines }}"
+"""
+
+RETURN = r"""
+text:
+  description: >-
+    The text report: per host the pool table, isolation, kernel, resources,
+    tasks, drift and warnings; the fleet summary last.
+  returned: success
+  type: str
+lines:
+  description: The text report as a list of lines, for C(ansible.builtin.debug).
+  returned: success
+  type: list
+  elements: str
+summary:
+  description: The one-line fleet summary.
+  returned: success
+  type: str
+hosts:
+  description: Per host, its status (C(ok), C(pending), C(drift) or C(unplanned)) and drift items.
+  returned: success
+  type: dict
+  sample: {"node-1": {"status": "pending", "drift": [], "warnings": []}}
+html_path:
+  description: The HTML file written (or that would be written in check mode); null when none.
+  returned: success
+  type: str
+"""
+
+import hashlib
+import os
+import tempfile
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.cpupools.errors import CpupoolsError
+from ansible.module_utils.cpupools.report import analyse, fleet_summary, html_page, text_lines
+
+ARGUMENT_SPEC = {
+    "hosts": {"type": "list", "elements": "dict", "required": True},
+    "failed_hosts": {"type": "list", "elements": "str", "default": []},
+    "html_path": {"type": "path"},
+    "title": {"type": "str", "default": "cpupools report"},
+    "generated": {"type": "str"},
+}
+
+
+def _describe(content):
+    if content is None:
+        return "(absent)\n"
+    return f"{len(content)} bytes, sha1 {hashlib.sha1(content).hexdigest()}\n"
+
+
+def _write_atomic(module, path, content):
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".cpupools-report-", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(content)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, 0o644)
+        module.atomic_move(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def main():
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    params = module.params
+    try:
+        views = analyse(params["hosts"])
+        lines = text_lines(views, params["failed_hosts"], params["generated"])
+        page = None
+        if params["html_path"]:
+            page = html_page(views, params["failed_hosts"], params["title"], params["generated"])
+    except CpupoolsError as exc:
+        module.fail_json(msg=f"cpupools report: {exc}")
+    result = {
+        "changed": False,
+        "text": "\n".join(lines) + "\n",
+        "lines": lines,
+        "summary": fleet_summary(views, params["failed_hosts"]),
+        "hosts": {v.host: {"status": v.status, "drift": v.drift, "warnings": v.warnings} for v in views},
+        "html_path": None,
+    }
+    if page is not None:
+        path = params["html_path"]
+        content = page.encode("utf-8")
+        try:
+            with open(path, "rb") as handle:
+                current = handle.read()
+        except FileNotFoundError:
+            current = None
+        except OSError as exc:
+            module.fail_json(msg=f"cpupools report: cannot read {path}: {exc.strerror}")
+        result["html_path"] = path
+        if current != content:
+            result["changed"] = True
+            result["diff"] = {
+                "before_header": path,
+                "after_header": path,
+                "before": _describe(current),
+                "after": _describe(content),
+            }
+            if not module.check_mode:
+                try:
+                    _write_atomic(module, path, content)
+                except OSError as exc:
+                    module.fail_json(msg=f"cpupools report: cannot write {path}: {exc.strerror}")
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,190 @@
+"""The HTML report in a real headless Chromium: what a person would see.
+
+Renders the page to a PNG and counts the pixels of each pool colour (decoded
+here with zlib and struct), and reads the DOM Chromium built (``--dump-dom``).
+Needs Debian's ``chromium`` package; skipped with the reason when absent.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import subprocess
+import zlib
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from cpupools.cpulist import parse_cpulist
+from cpupools.report import COLOURS, PENDING_COLOUR, render_html
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(CHROMIUM is None, reason="needs headless Chromium: apt-get install -y chromium"),
+]
+WIDTH, HEIGHT = 1400, 2000
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+    "--force-device-scale-factor=1",
+]
+
+
+def chromium(tmp_path: Path, page: Path, *args: str) -> subprocess.CompletedProcess:
+    profile = tmp_path / "profile"
+    cmd = [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *args, page.as_uri()]
+    env = dict(os.environ, HOME=str(tmp_path))
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True, env=env, cwd=tmp_path)
+
+
+def screenshot(tmp_path: Path, html: str, name: str = "report") -> Path:
+    page = tmp_path / f"{name}.html"
+    page.write_text(html, encoding="utf-8")
+    png = tmp_path / f"{name}.png"
+    chromium(tmp_path, page, f"--screenshot={png}", f"--window-size={WIDTH},{HEIGHT}")
+    assert png.exists(), "chromium wrote no screenshot"
+    return png
+
+
+def dump_dom(tmp_path: Path, html: str) -> str:
+    page = tmp_path / "dom.html"
+    page.write_text(html, encoding="utf-8")
+    return chromium(tmp_path, page, "--dump-dom").stdout
+
+
+def _paeth(a: int, b: int, c: int) -> int:
+    p = a + b - c
+    pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+    if pa <= pb and pa <= pc:
+        return a
+    return b if pb <= pc else c
+
+
+def decode_png(path: Path) -> tuple[int, int, list[bytes]]:
+    """Width, height and RGB rows of an 8-bit, non-interlaced RGB/RGBA PNG."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    pos, idat = 8, []
+    width = height = channels = 0
+    while pos < len(data):
+        (length,) = struct.unpack(">I", data[pos : pos + 4])
+        kind, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + length]
+        pos += 12 + length
+        if kind == b"IHDR":
+            width, height, depth, colour, _, _, interlace = struct.unpack(">IIBBBBB", body)
+            assert depth == 8 and interlace == 0 and colour in (2, 6), (depth, colour, interlace)
+            channels = 3 if colour == 2 else 4
+        elif kind == b"IDAT":
+            idat.append(body)
+        elif kind == b"IEND":
+            break
+    raw = zlib.decompress(b"".join(idat))
+    stride = width * channels
+    rows: list[bytes] = []
+    prev = bytearray(stride)
+    for y in range(height):
+        start = y * (stride + 1)
+        kind, line = raw[start], bytearray(raw[start + 1 : start + 1 + stride])
+        if kind == 1:
+            for i in range(channels, stride):
+                line[i] = (line[i] + line[i - channels]) & 0xFF
+        elif kind == 2:
+            line = bytearray((x + p) & 0xFF for x, p in zip(line, prev, strict=True))
+        elif kind == 3:
+            for i in range(stride):
+                left = line[i - channels] if i >= channels else 0
+                line[i] = (line[i] + ((left + prev[i]) >> 1)) & 0xFF
+        elif kind == 4:
+            for i in range(stride):
+                left = line[i - channels] if i >= channels else 0
+                upleft = prev[i - channels] if i >= channels else 0
+                line[i] = (line[i] + _paeth(left, prev[i], upleft)) & 0xFF
+        prev = line
+        rows.append(bytes(line) if channels == 3 else bytes(b for i, b in enumerate(line) if i % 4 != 3))
+    return width, height, rows
+
+
+def colour_counts(path: Path) -> Counter:
+    width, height, rows = decode_png(path)
+    assert (width, height) == (WIDTH, HEIGHT)
+    counts: Counter = Counter()
+    for row in rows:
+        for x in range(0, len(row), 3):
+            counts[row[x : x + 3]] += 1
+    return counts
+
+
+def rgb(hex_colour: str) -> bytes:
+    return bytes.fromhex(hex_colour.lstrip("#"))
+
+
+@pytest.fixture
+def node(host_input):
+    """2 sockets x 22 cores SMT2: 12 exclusive, 4 shared, 72 infra threads; the kernel already in line."""
+    request = {"num_exclusive_cores": 6, "num_shared_cores": 2, "exclusive_mode": "spread"}
+    plan = host_input("2s22c-smt2", request)["plan"]
+    return host_input(
+        "2s22c-smt2",
+        request,
+        host="node-1",
+        spec={"isolated": plan["isolated_cpus"]},
+        kernel={"reboot_required": False},
+    )
+
+
+def test_pool_colours_fill_the_picture_in_the_planned_proportions(tmp_path, node):
+    png = screenshot(tmp_path, render_html([node]))
+    counts = colour_counts(png)
+    area = {pool: counts[rgb(COLOURS[pool][0])] for pool in ("exclusive", "shared", "infra")}
+    threads = {pool: len(parse_cpulist(node["plan"]["pool_cpus"][pool])) for pool in area}
+    assert threads == {"exclusive": 12, "shared": 4, "infra": 72}
+    # Each thread is a solid cell of its pool's colour: a person sees 72 grey cells, 12 blue, 4 green.
+    per_thread = {pool: area[pool] / threads[pool] for pool in area}
+    assert all(px > 300 for px in per_thread.values()), per_thread  # cells are big enough to see
+    lo, hi = min(per_thread.values()), max(per_thread.values())
+    assert hi / lo < 1.35, per_thread  # same size per thread: the proportions are the plan's
+    # Colours of what this node does not have appear at most in the legend (one swatch each).
+    for absent in ("stranded", "exclusive-non-isolcpus"):
+        assert counts[rgb(COLOURS[absent][0])] < per_thread["infra"], absent
+
+
+def test_pending_isolation_is_visible(tmp_path, node, host_input):
+    calm = colour_counts(screenshot(tmp_path, render_html([node]), "calm"))
+    pending = host_input(
+        "2s22c-smt2",
+        {"num_exclusive_cores": 6, "num_shared_cores": 2, "exclusive_mode": "spread"},
+        host="node-1",
+        kernel={"reboot_required": True},
+    )
+    busy = colour_counts(screenshot(tmp_path, render_html([pending]), "pending"))
+    orange = rgb(PENDING_COLOUR)
+    # 16 threads get an orange frame (3 px of a 34x24 cell): hundreds of pixels more than the legend alone.
+    assert busy[orange] - calm[orange] > 16 * 150, (calm[orange], busy[orange])
+    # The hatching lightens part of each pending cell, so less solid exclusive blue shows.
+    blue = rgb(COLOURS["exclusive"][0])
+    assert busy[blue] < calm[blue] * 0.8
+
+
+def test_legend_and_tables_are_in_the_dom(tmp_path, node):
+    dom = dump_dom(tmp_path, render_html([node, {"host": "bare-<host>"}]))
+    for text in (
+        "exclusive: whole cores handed to one process at a time, isolated",
+        "shared: cores shared by the processes of the shared pool, isolated",
+        "infra: the host, Kubernetes and everything else",
+        "stranded: isolated by the kernel but in no pool (wasted)",
+        "hatched, orange frame: isolated at next boot",
+        "fleet: 2 hosts; 1 as planned; 1 unplanned (bare-&lt;host&gt;)",
+        "1-3,45-47",
+        "topology not collected",
+    ):
+        assert text in dom, text
+    assert dom.count('class="t c-') >= 88

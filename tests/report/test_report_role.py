@@ -1,0 +1,95 @@
+"""The report role and module through real ansible-playbook runs on localhost."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+PLAYBOOK = """\
+- name: Report on a fixture node
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Stand in for the facts and plan roles
+      ansible.builtin.set_fact:
+        cpupools_plan: "{{ plan }}"
+        cpupools_kernel_status: "{{ kernel | default(omit) }}"
+        ansible_facts:
+          cpupools: "{{ facts }}"
+
+    - name: Report
+      ansible.builtin.import_role:
+        name: report
+"""
+
+
+@pytest.fixture
+def extra(host_input, tmp_path):
+    entry = host_input("2s8c-2numa", {"num_exclusive_cores": 3})
+    return {
+        "facts": entry["topology"],
+        "plan": entry["plan"],
+        "kernel": {"reboot_required": True, "pending": ["isolcpus"]},
+        "cpupools_report_html": str(tmp_path / "out" / "report.html"),
+    }
+
+
+def test_first_run_writes_second_run_changes_nothing(playbook, extra, tmp_path):
+    html = tmp_path / "out" / "report.html"
+    first = playbook(PLAYBOOK, extra)
+    assert first.rc == 0, first.stdout + first.stderr
+    assert first.changed() == 1
+    render = first.result("report : Render the fleet report")
+    assert render["html_path"] == str(html)
+    assert render["hosts"] == {"localhost": {"status": "pending", "drift": [], "warnings": []}}
+    page = html.read_text()
+    assert 'id="host-localhost"' in page and page.count('class="core"') == 16
+    printed = first.result("report : Print the fleet report")["msg"]
+    assert printed[0] == "== localhost [pending]: 2 sockets, 16 cores, 32 CPUs online (2 per core); mode generate"
+    assert "  kernel          reboot required (pending: isolcpus)" in printed
+    assert printed[-1] == "fleet: 1 host; 1 pending (localhost); 3 exclusive cores"
+    stat = html.stat()
+
+    second = playbook(PLAYBOOK, extra)
+    assert second.rc == 0 and second.changed() == 0, second.stdout
+    assert html.read_text() == page and html.stat().st_mtime_ns == stat.st_mtime_ns
+
+
+def test_check_mode_predicts_and_writes_nothing(playbook, extra, tmp_path):
+    html = tmp_path / "out" / "report.html"
+    check = playbook(PLAYBOOK, extra, "--check", "--diff")
+    assert check.rc == 0, check.stdout + check.stderr
+    assert check.changed() == 1
+    assert not html.parent.exists()
+    diff = check.result("report : Render the fleet report")["diff"]
+    diff = diff[0] if isinstance(diff, list) else diff
+    assert diff["before"] == "(absent)\n" and diff["after"].endswith(" bytes, sha1 " + diff["after"].split()[-1] + "\n")
+    assert diff["after_header"] == str(html)
+    # The report is printed in check mode too: that is where an operator reads the plan.
+    assert check.result("report : Print the fleet report")["msg"][-1].startswith("fleet: 1 host")
+
+    playbook(PLAYBOOK, extra)
+    again = playbook(PLAYBOOK, extra, "--check")
+    assert again.changed() == 0
+
+
+def test_no_html_and_no_print(playbook, extra, tmp_path):
+    extra = dict(extra, cpupools_report_html="", cpupools_report_print=False)
+    run = playbook(PLAYBOOK, extra)
+    assert run.rc == 0 and run.changed() == 0, run.stdout
+    assert run.result("report : Render the fleet report")["html_path"] is None
+    assert run.result("report : Print the fleet report").get("skipped") is True
+    assert not (tmp_path / "out").exists()
+
+
+def test_malformed_input_fails_with_one_clear_message(playbook, extra, tmp_path):
+    extra = dict(extra, plan={"pool_cpus": {}})
+    run = playbook(PLAYBOOK, extra)
+    assert run.rc != 0
+    assert (
+        run.messages()
+        == "cpupools report: host localhost: cpupools_plan: has no 'pools' dict; is it the output of cpupools_plan?"
+    )
+    assert "Traceback" not in run.stdout
+    assert not (tmp_path / "out").exists()
