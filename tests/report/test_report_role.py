@@ -20,7 +20,7 @@ PLAYBOOK = """\
 
     - name: Report
       ansible.builtin.import_role:
-        name: report
+        name: cpupools_report
 """
 
 
@@ -40,12 +40,12 @@ def test_first_run_writes_second_run_changes_nothing(playbook, extra, tmp_path):
     first = playbook(PLAYBOOK, extra)
     assert first.rc == 0, first.stdout + first.stderr
     assert first.changed() == 1
-    render = first.result("report : Render the fleet report")
+    render = first.result("cpupools_report : Render the fleet report")
     assert render["html_path"] == str(html)
     assert render["hosts"] == {"localhost": {"status": "pending", "drift": [], "warnings": []}}
     page = html.read_text()
     assert 'id="host-localhost"' in page and page.count('class="core"') == 16
-    printed = first.result("report : Print the fleet report")["msg"]
+    printed = first.result("cpupools_report : Print the fleet report")["msg"]
     assert printed[0] == "== localhost [pending]: 2 sockets, 16 cores, 32 CPUs online (2 per core); mode generate"
     assert "  kernel          reboot required (pending: isolcpus)" in printed
     assert printed[-1] == "fleet: 1 host; 1 pending (localhost); 3 exclusive cores"
@@ -62,12 +62,12 @@ def test_check_mode_predicts_and_writes_nothing(playbook, extra, tmp_path):
     assert check.rc == 0, check.stdout + check.stderr
     assert check.changed() == 1
     assert not html.parent.exists()
-    diff = check.result("report : Render the fleet report")["diff"]
+    diff = check.result("cpupools_report : Render the fleet report")["diff"]
     diff = diff[0] if isinstance(diff, list) else diff
     assert diff["before"] == "(absent)\n" and diff["after"].endswith(" bytes, sha1 " + diff["after"].split()[-1] + "\n")
     assert diff["after_header"] == str(html)
     # The report is printed in check mode too: that is where an operator reads the plan.
-    assert check.result("report : Print the fleet report")["msg"][-1].startswith("fleet: 1 host")
+    assert check.result("cpupools_report : Print the fleet report")["msg"][-1].startswith("fleet: 1 host")
 
     playbook(PLAYBOOK, extra)
     again = playbook(PLAYBOOK, extra, "--check")
@@ -78,8 +78,8 @@ def test_no_html_and_no_print(playbook, extra, tmp_path):
     extra = dict(extra, cpupools_report_html="", cpupools_report_print=False)
     run = playbook(PLAYBOOK, extra)
     assert run.rc == 0 and run.changed() == 0, run.stdout
-    assert run.result("report : Render the fleet report")["html_path"] is None
-    assert run.result("report : Print the fleet report").get("skipped") is True
+    assert run.result("cpupools_report : Render the fleet report")["html_path"] is None
+    assert run.result("cpupools_report : Print the fleet report").get("skipped") is True
     assert not (tmp_path / "out").exists()
 
 
