@@ -1,0 +1,71 @@
+"""site.yml end to end on the embedded default inventory, into a temp sandbox."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import REPO, tree_snapshot
+
+pytestmark = pytest.mark.slow
+
+INVENTORY = str(REPO / "inventories" / "local" / "hosts.yml")
+
+
+def site(playbook, tmp_path, *args, **extra):
+    sandbox = tmp_path / "sandbox"
+    extra_vars = {
+        "cpupools_root": str(sandbox),
+        "cpupools_report_html": str(tmp_path / "report.html"),
+        **extra,
+    }
+    return playbook(REPO / "site.yml", extra_vars, *args, inventory=INVENTORY)
+
+
+def outputs(tmp_path):
+    """Everything site.yml wrote: the sandbox root and the report."""
+    snap = tree_snapshot(tmp_path / "sandbox") if (tmp_path / "sandbox").exists() else {}
+    report = tmp_path / "report.html"
+    snap["report.html"] = (report.read_bytes().hex()[:4096], report.stat().st_mtime_ns)
+    return snap
+
+
+def test_check_mode_first_changes_nothing(playbook, tmp_path):
+    res = site(playbook, tmp_path, "--check", "--diff")
+    assert res.rc == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert not (tmp_path / "sandbox").exists() or not any((tmp_path / "sandbox").rglob("*"))
+    assert not (tmp_path / "report.html").exists()
+    # The plan is shown per host before anything is applied.
+    lines = res.result("Print the fleet report")["msg"]
+    assert any(line.startswith("  exclusive  0") for line in lines), lines
+
+
+def test_run_then_rerun_changes_nothing(playbook, tmp_path):
+    first = site(playbook, tmp_path)
+    assert first.rc == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert first.changed() > 0
+    snapshot = outputs(tmp_path)
+    second = site(playbook, tmp_path)
+    assert second.rc == 0, second.stdout[-3000:]
+    assert second.changed() == 0, [t["task"]["name"] for t in second.tasks() if t["hosts"]["localhost"].get("changed")]
+    assert outputs(tmp_path) == snapshot
+    check = site(playbook, tmp_path, "--check", "--diff")
+    assert check.rc == 0
+    assert check.changed() == 0
+    assert outputs(tmp_path) == snapshot
+
+
+def test_bad_inventory_value_stops_before_any_change(playbook, tmp_path):
+    res = site(playbook, tmp_path, cpupools_num_exclusive_cores=60)
+    assert res.rc != 0
+    assert (
+        "host localhost: cpupools_num_exclusive_cores: 60 exclusive cores + 2 shared cores requested" in res.messages()
+    )
+    assert not (tmp_path / "sandbox").exists()
+    assert not (tmp_path / "report.html").exists()
+
+
+def test_tags_plan_only(playbook, tmp_path):
+    res = site(playbook, tmp_path, "--tags", "plan")
+    assert res.rc == 0
+    names = [t["task"]["name"] for t in res.tasks()]
+    assert any(n.endswith("Plan the CPU pools") for n in names)
+    assert not any("Render the fleet report" in n for n in names)
