@@ -37,3 +37,7 @@ class CpulistError(CpupoolsError):
 
 class TopologyError(CpupoolsError):
     """The sysfs tree is missing or inconsistent."""
+
+
+class K8sError(CpupoolsError):
+    """Kubernetes input is invalid, or the API server refused or could not be reached."""
