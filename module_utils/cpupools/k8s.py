@@ -112,7 +112,7 @@ class NodeWants:
     """What we manage on one Node. ``None`` values mean "must not be there"."""
 
     labels: dict[str, str | None]
-    taint_key: str
+    taint_key: str | None  # None: leave every taint alone
     taint: dict[str, str] | None
     resources: dict[str, int | None]
     managed_label_keys: tuple[str, ...] = field(default=())
@@ -260,7 +260,9 @@ def node_changes(node: Mapping, wants: NodeWants) -> NodeChanges:
             labels[key] = value
     taints = before["taints"]
     ours = [t for t in taints if t.get("key") == wants.taint_key]
-    if wants.taint is None:
+    if wants.taint_key is None:
+        new_taints = taints
+    elif wants.taint is None:
         new_taints = [t for t in taints if t.get("key") != wants.taint_key]
     elif len(ours) == 1 and _taint_id(ours[0]) == _taint_id(wants.taint):
         new_taints = taints
@@ -343,9 +345,12 @@ def capacity_patch(node: Mapping, expected: Mapping[str, int]) -> list[dict]:
 
     Used by the node agent's re-advertiser: only sets, never removes.
     """
-    wants = NodeWants(labels={}, taint_key=TAINT_KEY, taint=None, resources=dict(expected))
-    # ``taint=None`` would drop a cmk taint in the object patch; only the status patch is used.
-    return node_changes(node, wants).status_patch
+    return node_changes(node, advertise_only(expected)).status_patch
+
+
+def advertise_only(expected: Mapping[str, int]) -> NodeWants:
+    """Wants that touch nothing but these extended resources (labels and taints are left alone)."""
+    return NodeWants(labels={}, taint_key=None, taint=None, resources=dict(expected))
 
 
 # The published layout ------------------------------------------------------
