@@ -12,7 +12,7 @@ description:
     are respected, a refused eviction is retried until O(timeout)), skips DaemonSet-owned and mirror
     pods, and waits until the evicted pods are gone.
   - O(state=cordoned) only marks the node unschedulable; O(state=uncordoned) makes it schedulable again.
-  - Each state is idempotent: a drained node with nothing left to evict reports no change.
+  - Each state is idempotent, a drained node with nothing left to evict reports no change.
 options:
   node_name:
     description: The Kubernetes node name.
