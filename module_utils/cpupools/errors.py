@@ -41,3 +41,7 @@ class TopologyError(CpupoolsError):
 
 class ReportError(CpupoolsError):
     """A report input is malformed (a bug in the stage that produced it)."""
+
+
+class K8sError(CpupoolsError):
+    """Kubernetes input is invalid, or the API server refused or could not be reached."""

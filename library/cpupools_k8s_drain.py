@@ -1,0 +1,160 @@
+#!/usr/bin/python
+"""Ansible module: cordon, drain (Eviction API) and uncordon a Kubernetes node around a reboot."""
+
+DOCUMENTATION = r"""
+---
+module: cpupools_k8s_drain
+short_description: Cordon, drain or uncordon a Kubernetes node for a cpupools reboot
+description:
+  - Runs on the controller (delegate it to localhost) and talks to the Kubernetes API with the
+    C(kubernetes) Python library.
+  - O(state=drained) cordons the node, evicts its pods through the Eviction API (PodDisruptionBudgets
+    are respected, a refused eviction is retried until O(timeout)), skips DaemonSet-owned and mirror
+    pods, and waits until the evicted pods are gone.
+  - O(state=cordoned) only marks the node unschedulable; O(state=uncordoned) makes it schedulable again.
+  - Each state is idempotent, a drained node with nothing left to evict reports no change.
+options:
+  node_name:
+    description: The Kubernetes node name.
+    type: str
+    required: true
+  state:
+    description: What the node should be.
+    type: str
+    choices: [drained, cordoned, uncordoned]
+    default: drained
+  timeout:
+    description: Seconds a drain may take (evictions refused by a PodDisruptionBudget, pods terminating).
+    type: int
+    default: 300
+  poll_interval:
+    description: Seconds between eviction retries and between checks that pods are gone.
+    type: float
+    default: 2.0
+  delete_unmanaged:
+    description: Evict pods that no controller recreates (they are deleted for good); refused when false.
+    type: bool
+    default: false
+  kubeconfig:
+    description: Path of the kubeconfig on the controller. Required unless O(in_cluster=true).
+    type: path
+  context:
+    description: Kubeconfig context; its current context when omitted.
+    type: str
+  in_cluster:
+    description: Use the service account of the pod the controller runs in.
+    type: bool
+    default: false
+  request_timeout:
+    description: Seconds to wait for each API request.
+    type: int
+    default: 30
+attributes:
+  check_mode:
+    support: full
+    description: Sends only GET requests and reports what would be cordoned and evicted.
+  diff_mode:
+    support: none
+requirements:
+  - kubernetes (Python library) on the controller
+author:
+  - cpupools contributors
+"""
+
+EXAMPLES = r"""
+- name: Drain the node before rebooting it
+  cpupools_k8s_drain:
+    node_name: "{{ inventory_hostname }}"
+    kubeconfig: ~/.kube/config
+    timeout: 600
+  delegate_to: localhost
+
+- name: Let workloads back on the node
+  cpupools_k8s_drain:
+    node_name: "{{ inventory_hostname }}"
+    state: uncordoned
+    kubeconfig: ~/.kube/config
+  delegate_to: localhost
+"""
+
+RETURN = r"""
+node:
+  description: The node name.
+  returned: always
+  type: str
+server:
+  description: The API server URL.
+  returned: always
+  type: str
+cordoned:
+  description: Whether this run changed the node's schedulability.
+  returned: always
+  type: bool
+evicted:
+  description: Pods evicted (would be, in check mode), as namespace and name.
+  returned: when state is drained
+  type: list
+  elements: dict
+skipped_daemonset:
+  description: DaemonSet pods left on the node.
+  returned: when state is drained
+  type: list
+  elements: dict
+skipped_mirror:
+  description: Mirror (static) pods left on the node.
+  returned: when state is drained
+  type: list
+  elements: dict
+blocked_retries:
+  description: Rounds in which a PodDisruptionBudget refused an eviction.
+  returned: when state is drained
+  type: int
+"""
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible.module_utils.cpupools.errors import CpupoolsError
+from ansible.module_utils.cpupools.k8s import check_node_name
+from ansible.module_utils.cpupools.k8s_apply import Api, drain, set_unschedulable
+from ansible.module_utils.cpupools_kube import CONNECTION_ARGS, HAS_KUBERNETES, KUBERNETES_IMPORT_ERROR, connect
+
+ARGUMENT_SPEC = {
+    "node_name": {"type": "str", "required": True},
+    "state": {"type": "str", "choices": ["drained", "cordoned", "uncordoned"], "default": "drained"},
+    "timeout": {"type": "int", "default": 300},
+    "poll_interval": {"type": "float", "default": 2.0},
+    "delete_unmanaged": {"type": "bool", "default": False},
+    **CONNECTION_ARGS,
+}
+
+
+def run(module: AnsibleModule) -> dict:
+    p = module.params
+    node = check_node_name(p["node_name"])
+    transport, server = connect(p["kubeconfig"], p["context"], p["in_cluster"], p["request_timeout"])
+    api = Api(transport, server, node)
+    if p["state"] == "drained":
+        report = drain(
+            api,
+            module.check_mode,
+            timeout=p["timeout"],
+            poll=p["poll_interval"],
+            delete_unmanaged=p["delete_unmanaged"],
+        )
+        return dict(report, node=node, server=server)
+    changed = set_unschedulable(api, p["state"] == "cordoned", module.check_mode)
+    return {"changed": changed, "cordoned": changed, "node": node, "server": server}
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    if not HAS_KUBERNETES:
+        module.fail_json(msg=missing_required_lib("kubernetes"), exception=str(KUBERNETES_IMPORT_ERROR))
+    try:
+        result = run(module)
+    except CpupoolsError as exc:
+        module.fail_json(msg=exc.describe(module.params["node_name"]))
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

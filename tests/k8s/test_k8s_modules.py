@@ -1,0 +1,225 @@
+"""cpupools_k8s_node, cpupools_k8s_drain and the k8s_node role, run by real ansible-playbook against the fake."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from conftest import TOKEN
+from k8s_fake import write_kubeconfig
+
+pytestmark = pytest.mark.slow
+
+EXCL = "cmk.intel.com/exclusive-cores"
+NODE_PLAY = """
+- hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Node
+      cpupools_k8s_node: "{{ args }}"
+"""
+DRAIN_PLAY = """
+- hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Drain
+      cpupools_k8s_drain: "{{ args }}"
+"""
+
+
+def node_args(kubeconfig, plan, **extra):
+    return {"args": {"node_name": "node-1", "plan": plan, "kubeconfig": str(kubeconfig), **extra}}
+
+
+def no_secret(res):
+    assert TOKEN not in res.stdout and TOKEN not in res.stderr
+
+
+def test_first_run_changes_second_does_not_and_writes_nothing(playbook, fake, kubeconfig, make_plan):
+    plan = make_plan()
+    first = playbook(NODE_PLAY, node_args(kubeconfig, plan, labels={"example.com/tier": "gold"}))
+    assert first.rc == 0, first.stdout
+    assert first.changed() == 1
+    out = first.result("Node")
+    assert out["capacity"] == {EXCL: "6"} and out["crd"] == "created" and out["layout"] == "created"
+    node = fake.nodes["node-1"]
+    assert node["metadata"]["labels"] == {
+        "kubernetes.io/hostname": "node-1",
+        "team": "blue",
+        "cmk.intel.com/cmk-node": "true",
+        "example.com/tier": "gold",
+    }
+    assert node["spec"]["taints"] == [
+        {"key": "dedicated", "value": "rt", "effect": "NoExecute"},
+        {"key": "cmk", "value": "true", "effect": "NoSchedule"},
+    ]
+    assert node["status"]["capacity"][EXCL] == "6" and node["status"]["allocatable"][EXCL] == "6"
+    patches = [r for r in fake.writes() if r.method == "PATCH"]
+    assert {r.content_type for r in patches} == {"application/json-patch+json"}
+    assert all(r.body[0]["op"] == "test" and r.body[0]["path"] == "/metadata/resourceVersion" for r in patches)
+    layout = fake.objects[("cpupools.io", "cpupoollayouts", "node-1")]
+    assert layout["spec"]["poolCpus"] == plan["pool_cpus"] and layout["spec"]["extendedResources"] == {EXCL: 6}
+
+    writes = len(fake.writes())
+    second = playbook(NODE_PLAY, node_args(kubeconfig, plan, labels={"example.com/tier": "gold"}))
+    assert second.rc == 0 and second.changed() == 0, second.stdout
+    assert len(fake.writes()) == writes
+    no_secret(first)
+    no_secret(second)
+
+
+def test_check_mode_predicts_and_sends_no_write(playbook, fake, kubeconfig, make_plan):
+    before = fake.nodes["node-1"]
+    res = playbook(NODE_PLAY, node_args(kubeconfig, make_plan()), "--check", "--diff")
+    assert res.rc == 0 and res.changed() == 1, res.stdout
+    assert fake.writes() == []
+    assert fake.nodes["node-1"] == before
+    out = res.result("Node")
+    assert out["capacity"] == {EXCL: "6"} and out["crd"] == "created" and out["layout"] == "created"
+    assert out["diff"]["before"]["capacity"] == {} and out["diff"]["after"]["capacity"] == {EXCL: "6"}
+
+
+def test_a_concurrent_writer_is_retried_not_overwritten(playbook, fake, kubeconfig, make_plan):
+    # Someone changes the node between our read and our patch: the resourceVersion test fails (422), we re-read.
+    fake.before("PATCH", r"^/api/v1/nodes/node-1$", lambda: fake.touch_node("node-1", "example.com/racer"))
+    fake.fail("PATCH", r"^/api/v1/nodes/node-1/status$", 409)  # and a plain 409 on the status write
+    res = playbook(NODE_PLAY, node_args(kubeconfig, make_plan(), publish=False))
+    assert res.rc == 0, res.stdout
+    assert res.result("Node")["conflicts"] == 2
+    labels = fake.nodes["node-1"]["metadata"]["labels"]
+    assert "example.com/racer" in labels and labels["cmk.intel.com/cmk-node"] == "true"
+    assert fake.nodes["node-1"]["status"]["capacity"][EXCL] == "6"
+
+
+def test_forbidden_and_not_found_give_one_clear_message(playbook, fake, kubeconfig, make_plan):
+    fake.fail("PATCH", r"^/api/v1/nodes/", 403, times=-1)
+    res = playbook(NODE_PLAY, node_args(kubeconfig, make_plan()))
+    assert res.rc != 0
+    msg = res.messages()
+    assert "node 'node-1' on API server " + fake.url in msg and "forbidden (403)" in msg and "nodes/status" in msg
+    assert "Traceback" not in res.stdout + res.stderr
+    no_secret(res)
+    missing = playbook(NODE_PLAY, {"args": dict(node_args(kubeconfig, make_plan())["args"], node_name="node-9")})
+    assert missing.rc != 0
+    assert "cpupools_k8s_node_name: node 'node-9' on API server" in missing.messages()
+    assert "no such node (404)" in missing.messages()
+
+
+def test_unreachable_server_and_invalid_kubeconfig(playbook, tmp_path, make_plan):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dead = write_kubeconfig(tmp_path / "dead", f"http://127.0.0.1:{port}", token=TOKEN)
+    res = playbook(NODE_PLAY, node_args(dead, make_plan()))
+    assert res.rc != 0 and f"cannot reach the API server http://127.0.0.1:{port}" in res.messages()
+    no_secret(res)
+    broken = tmp_path / "broken"
+    broken.write_text(f"users:\n- name: x\n  user:\n    token: {TOKEN}\n  : [\n")
+    res = playbook(NODE_PLAY, node_args(broken, make_plan()))
+    assert res.rc != 0 and f"kubeconfig {broken}" in res.messages()
+    assert "Traceback" not in res.messages()
+    no_secret(res)
+
+
+def test_absent_removes_only_ours_and_the_layout(playbook, fake, kubeconfig, make_plan):
+    user = {"example.com/tier": "gold"}
+    assert playbook(NODE_PLAY, node_args(kubeconfig, make_plan(), labels=user)).rc == 0
+    fake.touch_node("node-1", "example.com/later")  # a label someone else added meanwhile
+    res = playbook(
+        NODE_PLAY, {"args": {"node_name": "node-1", "state": "absent", "labels": user, "kubeconfig": str(kubeconfig)}}
+    )
+    assert res.rc == 0 and res.changed() == 1, res.stdout
+    node = fake.nodes["node-1"]
+    assert set(node["metadata"]["labels"]) == {"kubernetes.io/hostname", "team", "example.com/later"}
+    assert node["spec"]["taints"] == [{"key": "dedicated", "value": "rt", "effect": "NoExecute"}]
+    assert EXCL not in node["status"]["capacity"] and node["status"]["capacity"]["cpu"] == "8"
+    assert fake.objects == {} and "cpupoollayouts.cpupools.io" in fake.crds
+    again = playbook(
+        NODE_PLAY, {"args": {"node_name": "node-1", "state": "absent", "labels": user, "kubeconfig": str(kubeconfig)}}
+    )
+    assert again.rc == 0 and again.changed() == 0
+
+
+def test_a_changed_plan_updates_the_count_and_the_layout(playbook, fake, kubeconfig, make_plan):
+    assert playbook(NODE_PLAY, node_args(kubeconfig, make_plan())).rc == 0
+    rv = fake.objects[("cpupools.io", "cpupoollayouts", "node-1")]["metadata"]["resourceVersion"]
+    res = playbook(NODE_PLAY, node_args(kubeconfig, make_plan(num_exclusive_cores=4), pending_reboot=True))
+    assert res.rc == 0 and res.result("Node")["layout"] == "updated" and res.result("Node")["crd"] == "unchanged"
+    layout = fake.objects[("cpupools.io", "cpupoollayouts", "node-1")]
+    assert layout["metadata"]["resourceVersion"] != rv and layout["spec"]["pendingReboot"] is True
+    assert fake.nodes["node-1"]["status"]["capacity"][EXCL] == "4"
+    puts = [r for r in fake.writes() if r.method == "PUT"]
+    assert puts and all(r.body["metadata"]["resourceVersion"] for r in puts)
+
+
+def test_a_node_without_status_capacity(playbook, fake, kubeconfig, make_plan):
+    fake.add_node("node-2", with_capacity=False)
+    res = playbook(
+        NODE_PLAY, {"args": dict(node_args(kubeconfig, make_plan(), publish=False)["args"], node_name="node-2")}
+    )
+    assert res.rc == 0, res.stdout
+    assert fake.nodes["node-2"]["status"]["capacity"] == {EXCL: "6"}
+
+
+def test_drain_respects_pdbs_skips_daemonsets_and_uncordons(playbook, fake, kubeconfig):
+    fake.add_pod("shop", "web-1", "node-1", owner="ReplicaSet")
+    fake.add_pod("shop", "db-0", "node-1", owner="StatefulSet")
+    fake.add_pod("kube-system", "proxy-x", "node-1", owner="DaemonSet")
+    fake.add_pod("kube-system", "etcd-node-1", "node-1", mirror=True)
+    fake.add_pod("shop", "web-2", "node-2", owner="ReplicaSet")
+    fake.block_eviction("shop", "db-0", 2)
+    fake.evict_linger = 1
+    args = {"node_name": "node-1", "kubeconfig": str(kubeconfig), "poll_interval": 0.1, "timeout": 30}
+    check = playbook(DRAIN_PLAY, {"args": args}, "--check")
+    assert check.rc == 0 and check.changed() == 1 and fake.writes() == []
+    res = playbook(DRAIN_PLAY, {"args": args})
+    assert res.rc == 0, res.stdout
+    out = res.result("Drain")
+    assert out["cordoned"] and out["blocked_retries"] == 2
+    assert out["evicted"] == [{"namespace": "shop", "name": "db-0"}, {"namespace": "shop", "name": "web-1"}]
+    assert fake.nodes["node-1"]["spec"]["unschedulable"] is True
+    assert set(fake.pods) == {("kube-system", "proxy-x"), ("kube-system", "etcd-node-1"), ("shop", "web-2")}
+    evictions = [r for r in fake.writes() if r.path.endswith("/eviction")]
+    assert {r.body["apiVersion"] for r in evictions} == {"policy/v1"}
+    assert playbook(DRAIN_PLAY, {"args": args}).changed() == 0
+    up = playbook(DRAIN_PLAY, {"args": dict(args, state="uncordoned")})
+    assert up.rc == 0 and up.changed() == 1 and "unschedulable" not in fake.nodes["node-1"]["spec"]
+    assert playbook(DRAIN_PLAY, {"args": dict(args, state="uncordoned")}).changed() == 0
+
+
+def test_drain_times_out_naming_the_blocked_pod_and_refuses_bare_pods(playbook, fake, kubeconfig):
+    fake.add_pod("shop", "db-0", "node-1", owner="StatefulSet")
+    fake.block_eviction("shop", "db-0", 1000)
+    args = {"node_name": "node-1", "kubeconfig": str(kubeconfig), "poll_interval": 0.2, "timeout": 1}
+    res = playbook(DRAIN_PLAY, {"args": args})
+    assert res.rc != 0
+    assert "shop/db-0" in res.messages() and "PodDisruptionBudget" in res.messages()
+    assert "the node stays cordoned" in res.messages()
+    fake.add_pod("shop", "bare", "node-1")
+    res = playbook(DRAIN_PLAY, {"args": args})
+    assert res.rc != 0 and "shop/bare" in res.messages() and "cpupools_drain_delete_unmanaged" in res.messages()
+
+
+ROLE_PLAY = """
+- hosts: all
+  gather_facts: false
+  roles:
+    - role: k8s_node
+"""
+
+
+def test_role_is_skipped_with_a_reason_without_a_kubeconfig(playbook, make_plan):
+    res = playbook(ROLE_PLAY, {"cpupools_plan": make_plan()})
+    assert res.rc == 0 and res.changed() == 0
+    assert (
+        "no kubeconfig is configured" in res.result("k8s_node : Say why the Kubernetes node is not configured")["msg"]
+    )
+
+
+def test_role_configures_the_node_then_changes_nothing(playbook, fake, kubeconfig, make_plan):
+    extra = {"cpupools_plan": make_plan(), "cpupools_kubeconfig": str(kubeconfig), "cpupools_k8s_node_name": "node-1"}
+    first = playbook(ROLE_PLAY, extra)
+    assert first.rc == 0 and first.changed() == 1, first.stdout
+    second = playbook(ROLE_PLAY, extra)
+    assert second.rc == 0 and second.changed() == 0
+    assert fake.nodes["node-1"]["metadata"]["labels"]["cmk.intel.com/cmk-node"] == "true"
