@@ -317,7 +317,7 @@ def drain(
         names = ", ".join(f"{p['namespace']}/{p['name']}" for p in plan["unmanaged"])
         raise K8sError(
             f"node {api.node!r}: pods without a controller would be deleted for good by a drain: {names}; "
-            "move them away or set cpupools_drain_delete_unmanaged: true",
+            "move them away or set cpupools_k8s_drain_delete_unmanaged: true",
             "drain_delete_unmanaged",
         )
     cordoned = set_unschedulable(api, True, check_mode)

@@ -197,14 +197,14 @@ def test_drain_times_out_naming_the_blocked_pod_and_refuses_bare_pods(playbook, 
     assert "the node stays cordoned" in res.messages()
     fake.add_pod("shop", "bare", "node-1")
     res = playbook(DRAIN_PLAY, {"args": args})
-    assert res.rc != 0 and "shop/bare" in res.messages() and "cpupools_drain_delete_unmanaged" in res.messages()
+    assert res.rc != 0 and "shop/bare" in res.messages() and "cpupools_k8s_drain_delete_unmanaged" in res.messages()
 
 
 ROLE_PLAY = """
 - hosts: all
   gather_facts: false
   roles:
-    - role: k8s_node
+    - role: cpupools_k8s
 """
 
 
@@ -212,12 +212,17 @@ def test_role_is_skipped_with_a_reason_without_a_kubeconfig(playbook, make_plan)
     res = playbook(ROLE_PLAY, {"cpupools_plan": make_plan()})
     assert res.rc == 0 and res.changed() == 0
     assert (
-        "no kubeconfig is configured" in res.result("k8s_node : Say why the Kubernetes node is not configured")["msg"]
+        "no kubeconfig is configured"
+        in res.result("cpupools_k8s : Say why the Kubernetes node is not configured")["msg"]
     )
 
 
 def test_role_configures_the_node_then_changes_nothing(playbook, fake, kubeconfig, make_plan):
-    extra = {"cpupools_plan": make_plan(), "cpupools_kubeconfig": str(kubeconfig), "cpupools_k8s_node_name": "node-1"}
+    extra = {
+        "cpupools_plan": make_plan(),
+        "cpupools_k8s_kubeconfig": str(kubeconfig),
+        "cpupools_k8s_node_name": "node-1",
+    }
     first = playbook(ROLE_PLAY, extra)
     assert first.rc == 0 and first.changed() == 1, first.stdout
     second = playbook(ROLE_PLAY, extra)
