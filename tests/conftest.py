@@ -73,7 +73,9 @@ class PlaybookResult:
             if task["task"]["name"] == task_name and host in task["hosts"]:
                 found = task["hosts"][host]
         if found is None:
-            raise AssertionError(f"no task {task_name!r} ran on {host}; ran: {[t['task']['name'] for t in self.tasks()]}")
+            raise AssertionError(
+                f"no task {task_name!r} ran on {host}; ran: {[t['task']['name'] for t in self.tasks()]}"
+            )
         return found
 
     def messages(self) -> str:

@@ -27,19 +27,21 @@ from .errors import CpulistError
 ISOLCPUS_FLAGS = ("nohz", "domain", "managed_irq")
 
 
-def _parse_int(text: str, item: str, what: str) -> int:
+def _parse_int(text: str) -> int:
     if not text.isdigit():
-        raise CpulistError(f"malformed {what} {item!r}: {text!r} is not a CPU number")
+        raise CpulistError(f"{text!r} is not a CPU number")
     return int(text)
 
 
-def _parse_item(item: str, what: str, nr_cpus: int | None) -> Iterable[int]:
+def _parse_item(item: str, nr_cpus: int | None) -> Iterable[int]:
+    """Expand one comma-separated item; errors say only what is wrong with it."""
+
     def cpu(text: str) -> int:
         if text == "N":
             if nr_cpus is None:
-                raise CpulistError(f"malformed {what} {item!r}: 'N' needs the number of CPUs")
+                raise CpulistError("'N' needs the number of CPUs")
             return nr_cpus - 1
-        return _parse_int(text, item, what)
+        return _parse_int(text)
 
     stride = None
     body = item
@@ -47,20 +49,18 @@ def _parse_item(item: str, what: str, nr_cpus: int | None) -> Iterable[int]:
         body, _, stride_text = item.partition(":")
         used, slash, group = stride_text.partition("/")
         if not slash:
-            raise CpulistError(f"malformed {what} {item!r}: stride must be <used>/<group>")
-        stride = (_parse_int(used, item, what), _parse_int(group, item, what))
+            raise CpulistError("stride must be <used>/<group>")
+        stride = (_parse_int(used), _parse_int(group))
         if stride[0] == 0 or stride[1] == 0 or stride[0] > stride[1]:
-            raise CpulistError(
-                f"malformed {what} {item!r}: stride {stride[0]}/{stride[1]} needs 0 < used <= group"
-            )
+            raise CpulistError(f"stride {stride[0]}/{stride[1]} needs 0 < used <= group")
     if "-" in body:
         first_text, _, last_text = body.partition("-")
         first, last = cpu(first_text), cpu(last_text)
         if first > last:
-            raise CpulistError(f"malformed {what} {item!r}: range {first}-{last} runs backwards")
+            raise CpulistError(f"range {first}-{last} runs backwards")
     else:
         if stride is not None:
-            raise CpulistError(f"malformed {what} {item!r}: a stride needs a range")
+            raise CpulistError("a stride needs a range")
         first = last = cpu(body)
     if stride is None:
         return range(first, last + 1)
@@ -96,8 +96,11 @@ def parse_cpulist(text: str | Iterable[int], what: str = "cpulist", nr_cpus: int
     for position, raw in enumerate(stripped.split(","), start=1):
         item = raw.strip()
         if not item:
-            raise CpulistError(f"malformed {what} {text.strip()!r}: item {position} is empty")
-        cpus.update(_parse_item(item, what, nr_cpus))
+            raise CpulistError(f"malformed {what} {stripped!r}: item {position} is empty")
+        try:
+            cpus.update(_parse_item(item, nr_cpus))
+        except CpulistError as exc:
+            raise CpulistError(f"malformed {what} {stripped!r}: item {position} {item!r}: {exc}") from None
     return sorted(cpus)
 
 
@@ -159,7 +162,7 @@ def split_cmdline(text: str) -> list[tuple[str, str | None]]:
     return params
 
 
-def parse_isolcpus(value: str, nr_cpus: int | None = None) -> tuple[list[str], list[int]]:
+def parse_isolcpus(value: str, nr_cpus: int | None = None, what: str = "isolcpus") -> tuple[list[str], list[int]]:
     """Parse the value of ``isolcpus=`` into ``(flags, cpus)``.
 
     Understands the flag syntax CMK crashed on (``managed_irq,domain,2-5``),
@@ -172,15 +175,14 @@ def parse_isolcpus(value: str, nr_cpus: int | None = None) -> tuple[list[str], l
         flag = items.pop(0)
         if flag not in ISOLCPUS_FLAGS:
             raise CpulistError(
-                f"malformed isolcpus {value!r}: unknown flag {flag!r} "
-                f"(the kernel knows {', '.join(ISOLCPUS_FLAGS)})"
+                f"malformed {what} {value!r}: unknown flag {flag!r} (the kernel knows {', '.join(ISOLCPUS_FLAGS)})"
             )
         if flag not in flags:
             flags.append(flag)
     rest = ",".join(items)
     if not rest.strip():
-        raise CpulistError(f"malformed isolcpus {value!r}: no CPU list")
-    return flags, parse_cpulist(rest, "isolcpus", nr_cpus)
+        raise CpulistError(f"malformed {what} {value!r}: no CPU list")
+    return flags, parse_cpulist(rest, what, nr_cpus)
 
 
 def format_isolcpus(flags: Iterable[str], cpus: Iterable[int]) -> str:

@@ -265,9 +265,9 @@ def _generate(topo: Topology, req: PlanRequest) -> _Layout:
         infra: list[Core] = []
         for socket in topo.sockets:
             cores = topo.cores_on(socket)
-            if len(cores) <= req.infra_cores and len(topo.sockets) > 1:
+            if len(cores) < req.infra_cores:
                 raise PlanError(
-                    f"{req.infra_cores} infra cores per socket leaves nothing on socket {socket}, which has "
+                    f"{req.infra_cores} infra cores per socket requested, socket {socket} has only "
                     f"{_plural(len(cores), 'core')}",
                     "infra_cores",
                 )
@@ -293,8 +293,8 @@ def _generate(topo: Topology, req: PlanRequest) -> _Layout:
     free = [c for c in topo.cores if c.index not in taken]
     excl, shared = _resolve_counts(req, len(free), infra_note, len(eni))
     # The pool with a fixed size is placed first; a -1 pool takes what is left.
-    order = [(SHARED, shared, req.shared_mode), (EXCLUSIVE, excl, req.exclusive_mode)]
-    if req.num_shared_cores != -1:
+    order = [(EXCLUSIVE, excl, req.exclusive_mode), (SHARED, shared, req.shared_mode)]
+    if req.num_exclusive_cores == -1:
         order.reverse()
     for pool, count, mode in order:
         chosen = _pick(free, topo.sockets, mode, count, prefer if pool == EXCLUSIVE else set())

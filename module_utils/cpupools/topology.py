@@ -107,7 +107,9 @@ class Topology:
     def _check_siblings(self) -> None:
         for cpu in self.cpus.values():
             if cpu.id not in cpu.siblings:
-                raise TopologyError(f"cpu{cpu.id}: its thread siblings {format_cpulist(cpu.siblings)} do not include itself")
+                raise TopologyError(
+                    f"cpu{cpu.id}: its thread siblings {format_cpulist(cpu.siblings)} do not include itself"
+                )
             for other in cpu.siblings:
                 peer = self.cpus.get(other)
                 if peer is None:
@@ -251,13 +253,17 @@ class Topology:
             )
             offline = tuple(parse_cpulist(facts.get("offline", ""), "offline"))
         except (KeyError, TypeError) as exc:
-            raise TopologyError(f"topology facts are incomplete or malformed ({exc!r}); run cpupools_facts first") from None
+            raise TopologyError(
+                f"topology facts are incomplete or malformed ({exc!r}); run cpupools_facts first"
+            ) from None
         if not cpus:
             raise TopologyError("topology facts list no online CPU")
         return cls(cpus=cpus, offline=offline, kernel=kargs)
 
 
-def parse_kernel_cmdline(cmdline: str, isolated: str = "", nohz_full_active: str = "", nr_cpus: int | None = None) -> KernelArgs:
+def parse_kernel_cmdline(
+    cmdline: str, isolated: str = "", nohz_full_active: str = "", nr_cpus: int | None = None
+) -> KernelArgs:
     """Read the CPU-isolation arguments out of ``/proc/cmdline`` text.
 
     Every ``isolcpus=`` occurrence is read (flags and CPUs unioned, as CMK
@@ -275,7 +281,7 @@ def parse_kernel_cmdline(cmdline: str, isolated: str = "", nohz_full_active: str
         where = f"/proc/cmdline {key}="
         if key == "isolcpus":
             iso_set = True
-            flags, cpus = parse_isolcpus(value, nr_cpus)
+            flags, cpus = parse_isolcpus(value, nr_cpus, where)
             iso_cpus.update(cpus)
             iso_flags.extend(f for f in flags if f not in iso_flags)
         elif key in ("nohz_full", "rcu_nocbs", "irqaffinity"):

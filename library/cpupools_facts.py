@@ -1,0 +1,122 @@
+#!/usr/bin/python
+# Copyright: the cpupools authors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+DOCUMENTATION = r"""
+---
+module: cpupools_facts
+short_description: Gather the CPU topology facts cpupools plans from
+description:
+  - Reads C(<root>/sys/devices/system/cpu), C(<root>/sys/devices/system/node)
+    and C(<root>/proc/cmdline) and returns the CPU topology under
+    C(ansible_facts.cpupools).
+  - Every online CPU with its socket (physical_package_id), die, NUMA node,
+    sysfs core_id, logical core index and hyperthread siblings (read from
+    C(thread_siblings_list), or C(core_cpus_list) on kernels that only have
+    that; never guessed from CPU numbering); offline CPUs; sockets and NUMA
+    nodes with their CPUs; the running kernel's C(isolcpus) (CPUs and flags),
+    C(nohz_full), C(rcu_nocbs), C(irqaffinity), C(/sys/devices/system/cpu/isolated);
+    SST-BF high-priority CPUs where C(cpufreq/base_frequency) exists.
+  - Never changes anything.
+version_added: "0.1.0"
+options:
+  root:
+    description:
+      - Directory the sysfs and procfs paths are read under. Tests and the
+        embedded default inventory point it at a fixture tree.
+    type: path
+    default: /
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+  facts:
+    support: full
+author:
+  - cpupools authors
+"""
+
+EXAMPLES = r"""
+- name: Gather CPU topology facts
+  cpupools_facts:
+
+- name: Gather facts from a fixture tree
+  cpupools_facts:
+    root: /tmp/fixtures/2s22c-smt2
+"""
+
+RETURN = r"""
+ansible_facts:
+  description: Facts to add to ansible_facts.
+  returned: always
+  type: dict
+  contains:
+    cpupools:
+      description: The CPU topology.
+      type: dict
+      contains:
+        cpus:
+          description: >-
+            One entry per online CPU, ascending: C(id), C(socket), C(die),
+            C(numa_node), C(core_id) (sysfs), C(core) (logical index, as
+            C(lscpu -p) numbers cores), C(siblings) (cpulist),
+            C(base_frequency_khz) (null when not reported).
+          type: list
+          elements: dict
+        online:
+          description: Online CPUs, compressed cpulist.
+          type: str
+          sample: 0-87
+        offline:
+          description: Offline CPUs, compressed cpulist.
+          type: str
+          sample: ""
+        sockets:
+          description: Socket id (string) to C(cpus), C(cores) (one cpulist per core) and C(numa_nodes).
+          type: dict
+        socket_order:
+          description: Socket ids ordered by their lowest CPU id.
+          type: list
+          elements: int
+        numa_nodes:
+          description: NUMA node id (string) to its online CPUs.
+          type: dict
+        cores:
+          description: Number of physical cores online.
+          type: int
+        threads_per_core:
+          description: Most hyperthreads seen on one core.
+          type: int
+        kernel:
+          description: >-
+            The running kernel's C(cmdline), C(isolcpus) (C(set), C(cpus),
+            C(flags)), C(nohz_full), C(rcu_nocbs), C(irqaffinity) (null when
+            absent from the command line), C(isolated) and C(nohz_full_active)
+            (what sysfs reports).
+          type: dict
+        sst_bf:
+          description: >-
+            C(available), C(high_priority_cpus) (CPUs whose base frequency is
+            above the lowest) and C(base_frequencies_khz).
+          type: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.cpupools.errors import CpupoolsError
+from ansible.module_utils.cpupools.topology import gather_topology
+
+ARGUMENT_SPEC = {"root": {"type": "path", "default": "/"}}
+
+
+def main():
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    try:
+        topology = gather_topology(module.params["root"])
+    except CpupoolsError as exc:
+        module.fail_json(msg=f"cpupools_facts: {exc} (root {module.params['root']})")
+    module.exit_json(changed=False, ansible_facts={"cpupools": topology.to_facts()})
+
+
+if __name__ == "__main__":
+    main()
