@@ -50,9 +50,7 @@ def _parse_item(item: str, what: str, nr_cpus: int | None) -> Iterable[int]:
             raise CpulistError(f"malformed {what} {item!r}: stride must be <used>/<group>")
         stride = (_parse_int(used, item, what), _parse_int(group, item, what))
         if stride[0] == 0 or stride[1] == 0 or stride[0] > stride[1]:
-            raise CpulistError(
-                f"malformed {what} {item!r}: stride {stride[0]}/{stride[1]} needs 0 < used <= group"
-            )
+            raise CpulistError(f"malformed {what} {item!r}: stride {stride[0]}/{stride[1]} needs 0 < used <= group")
     if "-" in body:
         first_text, _, last_text = body.partition("-")
         first, last = cpu(first_text), cpu(last_text)
@@ -129,13 +127,15 @@ def format_cpumask(cpus: Iterable[int]) -> str:
     return f"{mask:X}"
 
 
-def split_cmdline(text: str) -> list[tuple[str, str | None]]:
-    """Split a kernel command line into ``(key, value)`` pairs in order.
+def cmdline_spans(text: str) -> list[tuple[int, int, str, str | None]]:
+    """Tokenise a kernel command line: ``(start, end, key, value)`` per parameter.
 
     Follows the kernel's ``next_arg``: whitespace separates parameters, double
     quotes protect spaces, a parameter without ``=`` has value ``None``.
+    ``text[start:end]`` is the parameter exactly as written, so callers can
+    replace or remove one parameter and keep every other byte.
     """
-    params: list[tuple[str, str | None]] = []
+    params: list[tuple[int, int, str, str | None]] = []
     i, n = 0, len(text)
     while i < n:
         while i < n and text[i].isspace():
@@ -151,12 +151,17 @@ def split_cmdline(text: str) -> list[tuple[str, str | None]]:
         key, eq, value = token.partition("=")
         key = key.replace('"', "")
         if not eq:
-            params.append((key, None))
+            params.append((start, i, key, None))
         else:
             if len(value) >= 2 and value.startswith('"') and value.endswith('"'):
                 value = value[1:-1]
-            params.append((key, value))
+            params.append((start, i, key, value))
     return params
+
+
+def split_cmdline(text: str) -> list[tuple[str, str | None]]:
+    """Split a kernel command line into ``(key, value)`` pairs in order (see ``cmdline_spans``)."""
+    return [(key, value) for _, _, key, value in cmdline_spans(text)]
 
 
 def parse_isolcpus(value: str, nr_cpus: int | None = None) -> tuple[list[str], list[int]]:
@@ -172,8 +177,7 @@ def parse_isolcpus(value: str, nr_cpus: int | None = None) -> tuple[list[str], l
         flag = items.pop(0)
         if flag not in ISOLCPUS_FLAGS:
             raise CpulistError(
-                f"malformed isolcpus {value!r}: unknown flag {flag!r} "
-                f"(the kernel knows {', '.join(ISOLCPUS_FLAGS)})"
+                f"malformed isolcpus {value!r}: unknown flag {flag!r} (the kernel knows {', '.join(ISOLCPUS_FLAGS)})"
             )
         if flag not in flags:
             flags.append(flag)

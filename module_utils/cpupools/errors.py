@@ -37,3 +37,7 @@ class CpulistError(CpupoolsError):
 
 class TopologyError(CpupoolsError):
     """The sysfs tree is missing or inconsistent."""
+
+
+class KernelArgsError(CpupoolsError):
+    """Kernel arguments that cannot be derived, validated, parsed or written."""
