@@ -288,7 +288,11 @@ class Record:
             raise KernelArgsError(
                 f"{rel} is not valid JSON; remove it only if no cpupools arguments are set", "kernel_args_record"
             ) from None
-        self.before = json.dumps(self.data, sort_keys=True)
+        self.before = self._canonical()
+
+    def _canonical(self):
+        backends = {name: entry for name, entry in self.data.get("backends", {}).items() if entry}
+        return json.dumps(backends, sort_keys=True)
 
     def entry(self, backend):
         return self.data.setdefault("backends", {}).setdefault(backend, {"original": {}})
@@ -297,7 +301,7 @@ class Record:
         self.data.get("backends", {}).pop(backend, None)
 
     def save(self):
-        if json.dumps(self.data, sort_keys=True) == self.before:
+        if self._canonical() == self.before:
             return False
         text = (
             None
