@@ -106,7 +106,9 @@ def test_command_line_length_is_refused_with_the_numbers(make_root):
     line = kargs.project_cmdline("BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro isolcpus=9", args)
     assert line == "BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro " + ours
     kargs.check_cmdline_length(line, len(line) + 1, ours, "x")  # the NUL still fits
-    with pytest.raises(KernelArgsError, match=rf"would be {len(line)} bytes, .* are {len(ours)}; .* at most {len(line) - 1}"):
+    with pytest.raises(
+        KernelArgsError, match=rf"would be {len(line)} bytes, .* are {len(ours)}; .* at most {len(line) - 1}"
+    ):
         kargs.check_cmdline_length(line, len(line), ours, "at the next boot")
 
 

@@ -141,12 +141,16 @@ def test_backend_lifecycle(make_root, env, playbook, backend):
     assert res.rc == 0, res.stdout
     out = res.result("Write kernel args")
     assert out["changed"] is True and out["backend"] == backend
-    assert out["args"] == predicted == {
-        "isolcpus": "managed_irq,domain," + plan["isolated_cpus"],
-        "nohz_full": plan["pool_cpus"]["exclusive"],
-        "rcu_nocbs": plan["pool_cpus"]["exclusive"],
-        "irqaffinity": plan["housekeeping_cpus"],
-    }
+    assert (
+        out["args"]
+        == predicted
+        == {
+            "isolcpus": "managed_irq,domain," + plan["isolated_cpus"],
+            "nohz_full": plan["pool_cpus"]["exclusive"],
+            "rcu_nocbs": plan["pool_cpus"]["exclusive"],
+            "irqaffinity": plan["housekeeping_cpus"],
+        }
+    )
     line = configured_args(root, backend)
     for key, value in out["args"].items():
         assert f"{key}={value}" in line

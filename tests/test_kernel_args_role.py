@@ -21,7 +21,7 @@ ROLE_PLAYBOOK = """
 - hosts: localhost
   gather_facts: false
   roles:
-    - role: kernel_args
+    - role: cpupools_kernel
   post_tasks:
     - name: Show exports
       ansible.builtin.debug:
@@ -100,10 +100,14 @@ def test_role_refuses_a_missing_plan(make_root, playbook, tmp_path):
     assert tree_snapshot(root) == original
 
 
-GRUB_MKCONFIG = shutil.which("grub-mkconfig") or ("/usr/sbin/grub-mkconfig" if os.path.exists("/usr/sbin/grub-mkconfig") else None)
+GRUB_MKCONFIG = shutil.which("grub-mkconfig") or (
+    "/usr/sbin/grub-mkconfig" if os.path.exists("/usr/sbin/grub-mkconfig") else None
+)
 
 
-@pytest.mark.skipif(GRUB_MKCONFIG is None, reason="grub-mkconfig is not installed (apt-get install grub2-common grub-pc-bin)")
+@pytest.mark.skipif(
+    GRUB_MKCONFIG is None, reason="grub-mkconfig is not installed (apt-get install grub2-common grub-pc-bin)"
+)
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare -m")
 def test_real_grub_mkconfig_renders_our_arguments_into_every_linux_line(make_root, tmp_path):
     """grub-mkconfig itself, in a private mount namespace over fixture /etc/default, /etc/grub.d and /boot."""
@@ -120,7 +124,12 @@ def test_real_grub_mkconfig_renders_our_arguments_into_every_linux_line(make_roo
         shutil.copy(f"/etc/grub.d/{name}", grubd / name)
     boot = tmp_path / "boot"
     (boot / "grub").mkdir(parents=True)
-    for name in ("vmlinuz-6.1.0-18-amd64", "initrd.img-6.1.0-18-amd64", "vmlinuz-6.1.0-17-amd64", "initrd.img-6.1.0-17-amd64"):
+    for name in (
+        "vmlinuz-6.1.0-18-amd64",
+        "initrd.img-6.1.0-18-amd64",
+        "vmlinuz-6.1.0-17-amd64",
+        "initrd.img-6.1.0-17-amd64",
+    ):
         (boot / name).write_bytes(b"")
     out = tmp_path / "grub.cfg"
     script = textwrap.dedent(
