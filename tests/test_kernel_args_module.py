@@ -278,3 +278,13 @@ def test_auto_detects_each_backend(make_root, env, playbook):
         out = playbook(PLAYBOOK, variables, "--check").result("Write kernel args")
         assert out["backend"] == backend, out
     assert os.path.exists(root)
+
+
+def test_grub_in_a_sandbox_without_update_grub_writes_the_dropin(make_root, env, playbook):
+    root = make_backend_root(make_root, "grub")
+    (root / "usr/sbin/update-grub").unlink()
+    variables, log = env(root, "auto")
+    out = playbook(PLAYBOOK, variables).result("Write kernel args")
+    assert out["changed"] is True and out["backend"] == "grub"
+    assert (root / "etc/default/grub.d/99-cpupools.cfg").exists()
+    assert any("grub.cfg was not regenerated" in n for n in out["notes"]) and commands(log) == []
