@@ -132,13 +132,15 @@ def format_cpumask(cpus: Iterable[int]) -> str:
     return f"{mask:X}"
 
 
-def split_cmdline(text: str) -> list[tuple[str, str | None]]:
-    """Split a kernel command line into ``(key, value)`` pairs in order.
+def cmdline_spans(text: str) -> list[tuple[int, int, str, str | None]]:
+    """Tokenise a kernel command line: ``(start, end, key, value)`` per parameter.
 
     Follows the kernel's ``next_arg``: whitespace separates parameters, double
     quotes protect spaces, a parameter without ``=`` has value ``None``.
+    ``text[start:end]`` is the parameter exactly as written, so callers can
+    replace or remove one parameter and keep every other byte.
     """
-    params: list[tuple[str, str | None]] = []
+    params: list[tuple[int, int, str, str | None]] = []
     i, n = 0, len(text)
     while i < n:
         while i < n and text[i].isspace():
@@ -154,12 +156,17 @@ def split_cmdline(text: str) -> list[tuple[str, str | None]]:
         key, eq, value = token.partition("=")
         key = key.replace('"', "")
         if not eq:
-            params.append((key, None))
+            params.append((start, i, key, None))
         else:
             if len(value) >= 2 and value.startswith('"') and value.endswith('"'):
                 value = value[1:-1]
-            params.append((key, value))
+            params.append((start, i, key, value))
     return params
+
+
+def split_cmdline(text: str) -> list[tuple[str, str | None]]:
+    """Split a kernel command line into ``(key, value)`` pairs in order (see ``cmdline_spans``)."""
+    return [(key, value) for _, _, key, value in cmdline_spans(text)]
 
 
 def parse_isolcpus(value: str, nr_cpus: int | None = None, what: str = "isolcpus") -> tuple[list[str], list[int]]:

@@ -45,3 +45,7 @@ class ReportError(CpupoolsError):
 
 class K8sError(CpupoolsError):
     """Kubernetes input is invalid, or the API server refused or could not be reached."""
+
+
+class KernelArgsError(CpupoolsError):
+    """Kernel arguments that cannot be derived, validated, parsed or written."""
