@@ -36,6 +36,9 @@ options:
     description: Root directory of the host; every file is read and written under it (tests use a fixture tree).
     type: path
     default: /
+  host:
+    description: Name of the host in error messages (the role passes the inventory name); default the node's hostname.
+    type: str
   name:
     description: Name of the GRUB drop-in, C(/etc/default/grub.d/<name>.cfg). Sort it after other drop-ins.
     type: str
@@ -189,6 +192,7 @@ ARGUMENT_SPEC = {
     "plan": {"type": "dict"},
     "backend": {"type": "str", "choices": ["auto", "grub", "grubby", "kernel-install"], "default": "auto"},
     "root": {"type": "path", "default": "/"},
+    "host": {"type": "str"},
     "name": {"type": "str", "default": "99-cpupools"},
     "isolcpus_flags": {"type": "list", "elements": "str", "default": list(kargs.DEFAULT_ISOLCPUS_FLAGS)},
     "keep_adopted": {"type": "bool", "default": True},
@@ -333,8 +337,12 @@ def take_over(record_entry, desired, current):
 def detect(host, forced):
     have = {
         "grubby": host.resolve("grubby") is not None,
-        # Under a sandbox root the update tool may be absent: the drop-in is still written.
-        "grub": host.read("etc/default/grub") is not None and (update_grub_argv(host) is not None or host.root != "/"),
+        # Under a sandbox root, a forced grub needs neither the update tool nor
+        # /etc/default/grub (an empty sandbox has nothing of the user's to keep):
+        # the drop-in is still written, and the result says grub.cfg was not
+        # regenerated. On a real root both are required.
+        "grub": (host.read("etc/default/grub") is not None or (forced == "grub" and host.root != "/"))
+        and (update_grub_argv(host) is not None or host.root != "/"),
         "kernel-install": host.read("etc/kernel/cmdline") is not None
         or (host.resolve("kernel-install") is not None and os.path.isdir(host.path("boot/loader/entries"))),
     }
@@ -666,7 +674,7 @@ def main():
     try:
         result = execute(module)
     except CpupoolsError as exc:
-        module.fail_json(msg=exc.describe(socket.gethostname()))
+        module.fail_json(msg=exc.describe(module.params["host"] or socket.gethostname()))
     module.exit_json(**result)
 
 
