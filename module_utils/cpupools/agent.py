@@ -49,7 +49,13 @@ error, 71 affinity failed, 75 not enough free cpulists, 77 permission denied,
 #: (its ConfigMap variant); accepted and ignored, as the state is host-local.
 _OPTIONS = {
     "isolate": {"--conf-dir": True, "--pool": True, "--socket-id": True, "--no-affinity": False, "--namespace": True},
-    "reconcile": {"--conf-dir": True, "--interval": True, "--publish": False, "--namespace": True, "--metrics-dir": True},
+    "reconcile": {
+        "--conf-dir": True,
+        "--interval": True,
+        "--publish": False,
+        "--namespace": True,
+        "--metrics-dir": True,
+    },
     "describe": {"--conf-dir": True, "--namespace": True},
     "node-report": {"--conf-dir": True, "--interval": True, "--publish": False, "--namespace": True},
 }
@@ -149,7 +155,7 @@ class _Signals:
 
     def _handle(self, signum: int, _frame: object) -> None:
         if self.child:
-            try:
+            try:  # noqa: SIM105 - contextlib costs ~1 ms of start-up
                 os.kill(self.child, signum)
             except ProcessLookupError:
                 pass

@@ -54,9 +54,7 @@ def _parse_item(item: str, what: str, nr_cpus: int | None) -> Iterable[int]:
             raise CpulistError(f"malformed {what} {item!r}: stride must be <used>/<group>")
         stride = (_parse_int(used, item, what), _parse_int(group, item, what))
         if stride[0] == 0 or stride[1] == 0 or stride[0] > stride[1]:
-            raise CpulistError(
-                f"malformed {what} {item!r}: stride {stride[0]}/{stride[1]} needs 0 < used <= group"
-            )
+            raise CpulistError(f"malformed {what} {item!r}: stride {stride[0]}/{stride[1]} needs 0 < used <= group")
     if "-" in body:
         first_text, _, last_text = body.partition("-")
         first, last = cpu(first_text), cpu(last_text)
@@ -176,8 +174,7 @@ def parse_isolcpus(value: str, nr_cpus: int | None = None) -> tuple[list[str], l
         flag = items.pop(0)
         if flag not in ISOLCPUS_FLAGS:
             raise CpulistError(
-                f"malformed isolcpus {value!r}: unknown flag {flag!r} "
-                f"(the kernel knows {', '.join(ISOLCPUS_FLAGS)})"
+                f"malformed isolcpus {value!r}: unknown flag {flag!r} (the kernel knows {', '.join(ISOLCPUS_FLAGS)})"
             )
         if flag not in flags:
             flags.append(flag)
