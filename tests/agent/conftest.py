@@ -71,3 +71,12 @@ def tasks_of(conf: Path, pool: str = "exclusive") -> dict[str, list[int]]:
         text = tasks.read_text()
         out[tasks.parent.name] = [int(p) for p in text.split(",")] if text else []
     return out
+
+
+def tree_snapshot(root: Path) -> dict[str, tuple[bytes, int, int]]:
+    """``path -> (content, mtime_ns, mode)`` of every file and directory under ``root``."""
+    out = {}
+    for path in sorted(Path(root).rglob("*")):
+        st_ = path.lstat()
+        out[str(path.relative_to(root))] = (path.read_bytes() if path.is_file() else b"", st_.st_mtime_ns, st_.st_mode)
+    return out
