@@ -7,7 +7,7 @@ Writes two files: ``OUTPUT.pyz``, the zipapp (runnable by itself:
 imports the agent from the ``.pyz`` beside it. The launcher exists for start-up
 time: Python runs a zipapp through ``runpy``, whose imports cost ~5 ms on every
 ``cmk isolate``; importing from the zip directly costs nothing extra.
-Prints ``<sha256>  <path>`` for both; rewrites a file only when its bytes
+Prints ``<sha256>  <path>  written|unchanged`` for both; rewrites a file only when its bytes
 differ, so an unchanged build keeps its mtime.
 
 Determinism: files in sorted order, a fixed timestamp (1980-01-01), fixed
@@ -96,7 +96,7 @@ def _install(path: str, data: bytes) -> None:
             handle.write(data)
         os.chmod(tmp, 0o755)
         os.replace(tmp, path)
-    print(f"{hashlib.sha256(data).hexdigest()}  {path}")
+    print(f"{hashlib.sha256(data).hexdigest()}  {path}  {'unchanged' if same else 'written'}")
 
 
 def main(argv: list[str]) -> int:

@@ -327,6 +327,7 @@ def reconcile_pass(conf: str, proc_fs: str, timeout: float) -> tuple[list[dict],
     """
     reclaimed: list[dict] = []
     sizes: dict[str, tuple[int, int]] = {}
+    seen: dict[tuple[int, int | None], bool] = {}  # a shared task sits in several lists: read /proc once
     with st.StateLock(conf, timeout):
         pools = st.read_state(conf)
         for name, pool in pools.items():
@@ -338,7 +339,10 @@ def reconcile_pass(conf: str, proc_fs: str, timeout: float) -> tuple[list[dict],
                 starts = cl.starts
                 alive = []
                 for pid in tasks:
-                    if st.task_alive(proc_fs, pid, starts.get(pid)):
+                    key = (pid, starts.get(pid))
+                    if key not in seen:
+                        seen[key] = st.task_alive(proc_fs, pid, key[1])
+                    if seen[key]:
                         alive.append(pid)
                     else:
                         reclaimed.append({"pid": pid, "pool": name, "cpus": cl.cpus})

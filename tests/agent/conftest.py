@@ -13,6 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "module_utils"))
 
 from cpupools import state as st  # noqa: E402
+from cpupools import state_writer as sw  # noqa: E402
 
 
 def make_plan(pools: dict, handout: dict | None = None) -> dict:
@@ -30,10 +31,10 @@ PLAN_1X = make_plan({"exclusive": {"0": ["1"]}, "shared": {"0": ["0"]}, "infra":
 
 
 def write_plan_state(conf: Path, plan: dict, tasks: dict | None = None, starts: dict | None = None) -> Path:
-    layout = st.desired_layout(plan)
-    st.ensure_lock_file(str(conf))
+    layout = sw.desired_layout(plan)
+    sw.ensure_lock_file(str(conf))
     with st.StateLock(str(conf)):
-        st.write_state(str(conf), layout, tasks or {}, starts or {}, st.desired_meta(plan, layout))
+        sw.write_state(str(conf), layout, tasks or {}, starts or {}, sw.desired_meta(plan, layout))
     return conf
 
 

@@ -9,6 +9,7 @@ import time
 import pytest
 from conftest import PLAN_2X, make_plan, write_plan_state
 from cpupools import state as st
+from cpupools import state_writer as sw
 from cpupools.errors import LockTimeoutError, ResizeError, StateError, UsageError
 from cpupools.plan import make_request, plan_pools
 from cpupools.topology import gather_topology
@@ -33,7 +34,7 @@ def test_layout_is_cmk_v14(tmp_path, big_plan):
     assert (pools / "exclusive" / "0" / "1,45" / "tasks").read_bytes() == b""
     assert (conf / "lock").read_bytes() == b""
     # Round trip: what is read back is what the plan asked for.
-    assert st.current_layout(st.read_state(str(conf))) == st.desired_layout(big_plan)
+    assert sw.current_layout(st.read_state(str(conf))) == sw.desired_layout(big_plan)
 
 
 def test_handout_order_spreads_where_cmk_sorted_strings(tmp_path):
@@ -131,35 +132,37 @@ def test_stray_marker_without_its_pid_is_ignored(tmp_path):
 
 def test_desired_layout_rejects_bad_plans():
     with pytest.raises(StateError, match=r"not a cpulist in CMK form") as info:
-        st.desired_layout(make_plan({"exclusive": {"0": ["0-3"]}}))
+        sw.desired_layout(make_plan({"exclusive": {"0": ["0-3"]}}))
     assert info.value.field == "plan"
     with pytest.raises(StateError, match="CPU 1 is in exclusive:1 and shared:1,2"):
-        st.desired_layout(make_plan({"exclusive": {"0": ["1"]}, "shared": {"0": ["1,2"]}}))
+        sw.desired_layout(make_plan({"exclusive": {"0": ["1"]}, "shared": {"0": ["1,2"]}}))
     with pytest.raises(StateError, match="plan is malformed"):
-        st.desired_layout({"pools": ["exclusive"]})
+        sw.desired_layout({"pools": ["exclusive"]})
 
 
 def test_diff_layout_names_added_and_removed():
-    old = st.desired_layout(PLAN_2X)
-    new = st.desired_layout(make_plan({"exclusive": {"0": ["1"]}, "shared": {"0": ["0"]}}))
-    diff = st.diff_layout(old, new)
+    old = sw.desired_layout(PLAN_2X)
+    new = sw.desired_layout(make_plan({"exclusive": {"0": ["1"]}, "shared": {"0": ["0"]}}))
+    diff = sw.diff_layout(old, new)
     assert diff == {"added": ["shared/0/0"], "removed": ["exclusive/0/0"], "flags": []}
 
 
 # The resize rule ------------------------------------------------------------
 
-OLD = {"exclusive": {"0": {"1,45": [100], "2,46": [], "3,47": [300]}, "1": {"23,67": [400]}},
-       "shared": {"0": {"4,48": [500, 501]}, "1": {"25,69": [600]}}}  # fmt: skip
+OLD = {
+    "exclusive": {"0": {"1,45": [100], "2,46": [], "3,47": [300]}, "1": {"23,67": [400]}},
+    "shared": {"0": {"4,48": [500, 501]}, "1": {"25,69": [600]}},
+}
 
 
 def _desired(excl0, excl1, shared0, shared1):
     plan = make_plan({"exclusive": {"0": excl0, "1": excl1}, "shared": {"0": shared0, "1": shared1}})
-    return st.desired_layout(plan), plan["handout_order"]
+    return sw.desired_layout(plan), plan["handout_order"]
 
 
 def test_resize_keeps_holders_whose_list_stays_exclusive():
     desired, order = _desired(["1,45", "3,47"], ["23,67", "24,68"], ["4,48"], ["25,69"])
-    new, moves = st.resize_tasks(OLD, {100, 300, 400, 500, 501, 600}, desired, order)
+    new, moves = sw.resize_tasks(OLD, {100, 300, 400, 500, 501, 600}, desired, order)
     assert new["exclusive"]["0"] == {"1,45": [100], "3,47": [300]}
     assert new["exclusive"]["1"] == {"23,67": [400], "24,68": []}
     assert new["shared"] == {"0": {"4,48": [500, 501]}, "1": {"25,69": [600]}}
@@ -169,26 +172,26 @@ def test_resize_keeps_holders_whose_list_stays_exclusive():
 def test_resize_moves_a_displaced_holder_to_a_free_list_same_socket_first():
     desired, order = _desired(["1,45", "5,49"], ["23,67", "24,68"], ["4,48", "3,47"], ["25,69"])
     desired["shared"]["sockets"]["0"] = ["3,4,47,48"]
-    new, moves = st.resize_tasks(OLD, {100, 300, 400, 500, 501, 600}, desired, order)
+    new, moves = sw.resize_tasks(OLD, {100, 300, 400, 500, 501, 600}, desired, order)
     assert new["exclusive"]["0"] == {"1,45": [100], "5,49": [300]}
     assert moves[0] == {"pid": 300, "pool": "exclusive", "from": "3,47", "to": "5,49", "socket": "0"}
     # shared tasks follow their socket's (grown) list
     assert new["shared"]["0"] == {"3,4,47,48": [500, 501]}
-    changes = st.affinity_changes(OLD, new, {100, 300, 400, 500, 501, 600})
+    changes = sw.affinity_changes(OLD, new, {100, 300, 400, 500, 501, 600})
     assert changes == {300: [5, 49], 500: [3, 4, 47, 48], 501: [3, 4, 47, 48]}
 
 
 def test_resize_refuses_when_live_holders_do_not_fit():
     desired, order = _desired(["1,45"], ["23,67"], ["2,3,46,47"], ["25,69"])
     with pytest.raises(ResizeError) as info:
-        st.resize_tasks(OLD, {100, 300, 400, 500, 501, 600}, desired, order)
+        sw.resize_tasks(OLD, {100, 300, 400, 500, 501, 600}, desired, order)
     msg = str(info.value)
     assert "PID 300" in msg and "1 cpulist(s) that the new plan drops" in msg and "only 0 of its 2" in msg
 
 
 def test_resize_drops_dead_holders_of_removed_lists_only():
     desired, order = _desired(["1,45"], ["23,67"], ["4,48"], ["25,69"])
-    new, moves = st.resize_tasks(OLD, {400}, desired, order)  # 100, 300, 5xx, 600 are dead
+    new, moves = sw.resize_tasks(OLD, {400}, desired, order)  # 100, 300, 5xx, 600 are dead
     assert new["exclusive"]["0"] == {"1,45": [100]}  # kept list: left for reconcile
     assert moves == []
 
@@ -196,4 +199,4 @@ def test_resize_drops_dead_holders_of_removed_lists_only():
 def test_resize_refuses_a_pool_that_disappears_under_live_tasks():
     desired, order = _desired(["1,45", "2,46", "3,47"], ["23,67"], [], [])
     with pytest.raises(ResizeError, match=r"PID 500, 501, 600 hold 2 cpulist\(s\) but the new plan has no cpulist"):
-        st.resize_tasks(OLD, {500, 501, 600}, desired, order)
+        sw.resize_tasks(OLD, {500, 501, 600}, desired, order)
