@@ -32,7 +32,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "module_utils"))
 
-from cpupools import agent  # noqa: E402
+from cpupools import agent_report  # noqa: E402
 from cpupools import state as st  # noqa: E402
 from cpupools import state_writer as sw  # noqa: E402
 
@@ -131,7 +131,7 @@ def bench_reconcile(cmk: str, work: str, runs: int) -> None:
         for _ in range(runs):
             conf = fill()
             started = time.perf_counter()
-            reclaimed, _ = agent.reconcile_pass(conf, "/proc", 30)
+            reclaimed, _ = agent_report.reconcile_pass(conf, "/proc", 30)
             in_process.append(time.perf_counter() - started)
             conf = fill()
             started = time.perf_counter()
