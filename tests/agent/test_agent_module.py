@@ -23,6 +23,7 @@ PLAY = """
         plan: "{{ plan }}"
         state: "{{ state | default('present') }}"
         force: "{{ force | default(false) }}"
+        task_group: "{{ task_group | default(omit) }}"
         host: node-1
       register: out
 """
@@ -158,3 +159,64 @@ def test_corrupt_state_is_refused_naming_the_path(playbook, tmp_path):
     res, out = state_run(playbook, root, PLAN_2X)
     assert res.rc != 0 and "state is corrupt" in out["msg"] and "pools/exclusive/0/1/tasks holds 'x'" in out["msg"]
     assert out["msg"].startswith("host node-1: cpupools_state: ")
+
+
+def test_task_group_lets_its_members_take_lists_and_nothing_more(playbook, tmp_path_factory, cmk):
+    """Workloads run as other users: members of the task group may isolate; others get status 77."""
+    import shutil
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="cpupools-perm-"))
+    try:
+        base.chmod(0o755)
+        root = base / "root"
+        res, out = state_run(playbook, root, PLAN_2X, task_group="4711")
+        assert res.rc == 0, res.messages()
+        conf = root / "etc/cmk"
+        leaf = (conf / "pools/exclusive/0/1").stat()
+        assert (oct(leaf.st_mode & 0o7777), leaf.st_gid) == ("0o2775", 4711)
+        assert oct((conf / "pools/exclusive/0").stat().st_mode & 0o7777) == "0o755"
+        assert oct((conf / "lock").stat().st_mode & 0o7777) == "0o644"
+        prog = base / "bin"
+        shutil.copytree(Path(cmk).parent, prog)
+        prog.chmod(0o755)
+        as_member = dict(user=65534, group=65534, extra_groups=[4711])
+        res = subprocess.run(
+            [
+                str(prog / "cmk"),
+                "isolate",
+                f"--conf-dir={conf}",
+                "--pool=exclusive",
+                "--",
+                "sh",
+                "-c",
+                f"cat {conf}/pools/exclusive/0/1/tasks",
+            ],
+            env=agent_env(),
+            capture_output=True,
+            text=True,
+            timeout=30,
+            **as_member,
+        )
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.isdigit() and tasks_of(conf) == {"0": [], "1": []}
+        # a non-member cannot take a list, and nothing changed
+        res = subprocess.run(
+            [str(prog / "cmk"), "isolate", f"--conf-dir={conf}", "--pool=exclusive", "--", "true"],
+            env=agent_env(),
+            capture_output=True,
+            text=True,
+            timeout=30,
+            user=65534,
+            group=65534,
+        )
+        assert res.returncode == 77 and "permission denied" in res.stderr
+        assert tasks_of(conf) == {"0": [], "1": []}
+        # members cannot touch the layout
+        res = subprocess.run(["mkdir", str(conf / "pools/exclusive/0/7")], capture_output=True, **as_member)
+        assert res.returncode != 0
+        # the module still sees its state as converged after workloads rewrote task files
+        res, out = state_run(playbook, root, PLAN_2X, task_group="4711")
+        assert out["changed"] is False
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
