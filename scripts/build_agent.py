@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
 """Build the ``cmk`` node agent: a zipapp of module_utils/cpupools, byte-identical on every build.
 
-Usage: ``python3 scripts/build_agent.py [OUTPUT]`` (default ``build/cmk``).
+Usage: ``python3 scripts/build_agent.py [--shebang=LINE] [OUTPUT]`` (default ``build/cmk``).
 Writes two files: ``OUTPUT.pyz``, the zipapp (runnable by itself:
 ``python3 cmk.pyz isolate ...``), and ``OUTPUT``, a five-line launcher that
 imports the agent from the ``.pyz`` beside it. The launcher exists for start-up
 time: Python runs a zipapp through ``runpy``, whose imports cost ~5 ms on every
 ``cmk isolate``; importing from the zip directly costs nothing extra.
+``--shebang`` sets the launcher's interpreter line (default
+``/usr/bin/env python3``). ``/usr/bin/env -S python3 -IS`` starts about 2.5 ms
+faster (no ``site``: no .pth files, no sitecustomize) and keeps a workload's
+``PYTHONPATH``/``PYTHONHOME`` and user site-packages out of ``cmk``; it needs an
+``env`` that knows ``-S`` (coreutils 8.30 or newer; not busybox).
 Prints ``<sha256>  <path>  written|unchanged`` for both; rewrites a file only when its bytes
 differ, so an unchanged build keeps its mtime.
 
@@ -32,8 +37,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE_DIR = os.path.join(REPO, "module_utils", "cpupools")
 SHEBANG = b"#!/usr/bin/env python3\n"
 EPOCH = (1980, 1, 1, 0, 0, 0)
+DEFAULT_SHEBANG = "/usr/bin/env python3"
 LAUNCHER = (
-    "#!/usr/bin/env python3\n"
+    "#!{shebang}\n"
     '"""cmk: the cpupools node agent. The code is in cmk.pyz beside this file."""\n'
     "import os\n"
     "import sys\n\n"
@@ -41,7 +47,7 @@ LAUNCHER = (
     "try:\n"
     "    from cpupools.agent import main\n"
     "except ImportError as exc:\n"
-    '    sys.stderr.write(f"cmk: cannot load {sys.path[0]}: {exc}\\n")\n'
+    '    sys.stderr.write(f"cmk: cannot load {{sys.path[0]}}: {{exc}}\\n")\n'
     "    sys.exit(70)\n"
     "sys.exit(main())\n"
 )
@@ -100,9 +106,19 @@ def _install(path: str, data: bytes) -> None:
 
 
 def main(argv: list[str]) -> int:
-    output = argv[1] if len(argv) > 1 else os.path.join(REPO, "build", "cmk")
+    shebang = DEFAULT_SHEBANG
+    args = []
+    for arg in argv[1:]:
+        if arg.startswith("--shebang="):
+            shebang = arg.partition("=")[2].strip().removeprefix("#!")
+        else:
+            args.append(arg)
+    if not shebang.startswith("/") or "\n" in shebang:
+        print(f"build_agent.py: --shebang={shebang!r} must be an absolute interpreter path", file=sys.stderr)
+        return 2
+    output = args[0] if args else os.path.join(REPO, "build", "cmk")
     _install(output + ".pyz", build())
-    _install(output, LAUNCHER.encode())
+    _install(output, LAUNCHER.format(shebang=shebang).encode())
     return 0
 
 
