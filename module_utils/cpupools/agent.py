@@ -181,7 +181,7 @@ def acquire(
     conf: str,
     pool_name: str,
     socket: str | None,
-    count: int,
+    environ: dict[str, str] | os._Environ,
     pid: int,
     start: int,
     proc_fs: str,
@@ -189,7 +189,7 @@ def acquire(
 ) -> tuple[list[st.CpuList], dict[str, st.Pool]]:
     """Take cpulists of ``pool_name`` for ``pid`` under the lock; return them and the pools read.
 
-    Exclusive pools: the first ``count`` free cpulists in the plan's hand-out
+    Exclusive pools: the first ``CMK_NUM_CORES`` free cpulists in the plan's hand-out
     order (restricted to ``socket``). When too few are free, holders that died
     are reclaimed first (what ``reconcile`` would do) before failing.
     Shared/infra pools: every cpulist of the pool on ``socket``, or on all
@@ -205,6 +205,8 @@ def acquire(
                 f"pool {pool_name} has no socket {socket} (sockets: {', '.join(sorted(pool.sockets, key=int))})"
             )
         if pool.exclusive:
+            # As in CMK, CMK_NUM_CORES only counts (and is only checked) for exclusive pools.
+            count = num_cores(environ)
             candidates = st.ordered_for_handout(pool, st.read_handout_order(conf, pool_name), socket)
             free = [cl for cl in candidates if not cl.tasks]
             if len(free) < count:
@@ -272,11 +274,9 @@ def cmd_isolate(opts: dict[str, str | bool], positional: list[str], environ: dic
     timeout = st.lock_timeout(environ)
     proc_fs = environ.get("CMK_PROC_FS") or "/proc"
     pool_name = str(pool_name)
-    # CMK_NUM_CORES only means something for exclusive pools, but a bad value is refused up front.
-    count = num_cores(environ)
     pid, start = _self_identity(proc_fs)
     signals = _Signals()
-    chosen, pools = acquire(conf, pool_name, socket, count, pid, start, proc_fs, timeout)
+    chosen, pools = acquire(conf, pool_name, socket, environ, pid, start, proc_fs, timeout)
     status = EXIT_INTERNAL
     try:
         if signals.pending:

@@ -100,8 +100,9 @@ def test_spread_handout_and_socket_id(cmk, state_dir):
     assert env["CMK_CPUS_INFRA"] == "0,44,22,66"
     env = child_env_of(cmk, conf, "--pool=exclusive", "--no-affinity", "--socket-id=1")
     assert env["CMK_CPUS_ASSIGNED"] == "23,67"
-    # shared and infra: the pool's CPUs on all sockets, or on the one asked for
-    assert child_env_of(cmk, conf, "--pool=shared", "--no-affinity")["CMK_CPUS_ASSIGNED"] == "4,48,25,69"
+    # shared and infra: the pool's CPUs on all sockets, or on the one asked for; CMK_NUM_CORES does not count
+    env = child_env_of(cmk, conf, "--pool=shared", "--no-affinity", CMK_NUM_CORES="junk")
+    assert env["CMK_CPUS_ASSIGNED"] == "4,48,25,69"
     assert child_env_of(cmk, conf, "--pool=infra", "--no-affinity", "--socket-id=1")["CMK_CPUS_ASSIGNED"] == "22,66"
 
 
@@ -354,3 +355,18 @@ def test_node_report_checks_overlaps(cmk, state_dir, make_root):
         ],
         "ok": False,
     }
+
+
+def test_reconcile_interval_loops_until_stopped(cmk, state_dir):
+    conf = state_dir(PLAN_2X, {"exclusive": {"0": {"0": [2**22 + 3]}}})
+    proc = subprocess.Popen(
+        [cmk, "reconcile", f"--conf-dir={conf}", "--interval=0.1"], env=agent_env(), stdout=subprocess.PIPE, text=True
+    )
+    try:
+        first = "".join(iter(proc.stdout.readline, "}\n")) + "}\n"
+        second = "".join(iter(proc.stdout.readline, "}\n")) + "}\n"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    assert json.loads(first)["reclaimedCpuLists"] == [{"cpus": "0", "pid": 2**22 + 3, "pool": "exclusive"}]
+    assert json.loads(second) == {"reclaimedCpuLists": []}
