@@ -49,3 +49,47 @@ class K8sError(CpupoolsError):
 
 class KernelArgsError(CpupoolsError):
     """Kernel arguments that cannot be derived, validated, parsed or written."""
+
+
+class StateError(CpupoolsError):
+    """The pool state directory is missing, corrupt, busy, or cannot serve a request.
+
+    ``exit_status`` is the status ``cmk`` exits with for this error
+    (docs/agent.md lists them); subclasses name the distinct cases.
+    """
+
+    exit_status = 78  # EX_CONFIG: state directory missing or corrupt
+
+
+class UsageError(StateError):
+    """A bad command line or environment value (``CMK_NUM_CORES``, ``--socket-id``)."""
+
+    exit_status = 64
+
+
+class UnknownPoolError(StateError):
+    """The requested pool or socket does not exist in the state, or has no cpulist."""
+
+    exit_status = 65
+
+
+class LockTimeoutError(StateError):
+    """``<conf>/lock`` stayed held by another process for ``CMK_LOCK_TIMEOUT`` seconds."""
+
+    exit_status = 69
+
+
+class NoFreeListsError(StateError):
+    """Fewer free exclusive cpulists than requested: every one has a live holder."""
+
+    exit_status = 75
+
+
+class StatePermissionError(StateError):
+    """The caller may not read or write the state directory."""
+
+    exit_status = 77
+
+
+class ResizeError(StateError):
+    """A new plan cannot keep the live tasks: refused before any change."""

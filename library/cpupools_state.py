@@ -1,0 +1,177 @@
+#!/usr/bin/python
+# Copyright: the cpupools authors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+DOCUMENTATION = r"""
+---
+module: cpupools_state
+short_description: Write the node's CPU pool state (CMK v1.4 directory layout) from the plan
+description:
+  - Writes C(<conf_dir>/pools/<pool>/<socket>/<cpulist>/tasks) and friends, the
+    directory C(cmk isolate) takes CPU lists from, so that CMK's own tooling can
+    still read it. See docs/agent.md for the layout and the permission model.
+  - Keeps the tasks of running workloads. An exclusive holder keeps its cpulist
+    when the new plan still has it in the same pool, else moves to a free one,
+    and the CPU affinity of the moved workload is updated. Live tasks that do
+    not fit the new plan make the module fail before it changes anything,
+    naming the PIDs and the numbers.
+  - Idempotent; a run with the same plan changes no file (same mtimes).
+  - C(state=absent) removes the state and refuses while tasks are live unless O(force).
+version_added: "0.1.0"
+options:
+  root:
+    description: Root directory the state is written under (tests use a sandbox).
+    type: path
+    default: /
+  conf_dir:
+    description: The CMK configuration directory, relative to O(root).
+    type: path
+    default: /etc/cmk
+  plan:
+    description: The plan (host fact C(cpupools_plan)); required when O(state=present).
+    type: dict
+  state:
+    description: C(present) writes the state from O(plan); C(absent) removes it.
+    type: str
+    choices: [present, absent]
+    default: present
+  force:
+    description:
+      - With C(state=absent), remove the state even while tasks are live.
+      - With C(state=present), rewrite a corrupt state (its task lists are lost).
+      - Never makes a resize drop live tasks.
+    type: bool
+    default: false
+  task_group:
+    description:
+      - Group (name or gid) whose members may take and release CPU lists (the
+        users that isolated workloads run as). The cpulist directories become
+        C(root:<group> 2775) and their files C(0664); everything else stays
+        root-owned and read-only for others.
+      - Unset, only root may take CPU lists.
+    type: str
+  proc_fs:
+    description: The host's C(/proc), used to tell live tasks from dead ones (not under O(root)).
+    type: path
+    default: /proc
+  lock_timeout:
+    description: Seconds to wait for the state lock held by C(cmk) processes.
+    type: float
+    default: 30
+  update_affinity:
+    description: Re-pin the process tree of a moved live task to its new CPUs.
+    type: bool
+    default: true
+  host:
+    description: Name of the host, used in error messages.
+    type: str
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: full
+author:
+  - cpupools authors
+"""
+
+EXAMPLES = r"""
+- name: Write the pool state from the plan
+  cpupools_state:
+    plan: "{{ cpupools_plan }}"
+    host: "{{ inventory_hostname }}"
+    task_group: cmk
+
+- name: Remove the pool state, refusing while workloads hold CPU lists
+  cpupools_state:
+    state: absent
+"""
+
+RETURN = r"""
+conf_dir:
+  description: The state directory written (O(root) joined with O(conf_dir)).
+  returned: always
+  type: str
+fingerprint:
+  description: SHA-256 of the layout and hand-out order (also in C(cpupools.json)).
+  returned: when state is present
+  type: str
+live_tasks:
+  description: PIDs of the live tasks found in the state.
+  returned: always
+  type: list
+  elements: int
+moves:
+  description: Live tasks placed on another cpulist by a resize (C(pid), C(pool), C(from), C(to), C(socket)).
+  returned: always
+  type: list
+  elements: dict
+affinity:
+  description: PID (string) to the CPUs its process tree was (or in check mode would be) re-pinned to.
+  returned: always
+  type: dict
+"""
+
+import grp
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.cpupools.errors import CpupoolsError
+from ansible.module_utils.cpupools.state_writer import converge
+
+ARGUMENT_SPEC = {
+    "root": {"type": "path", "default": "/"},
+    "conf_dir": {"type": "path", "default": "/etc/cmk"},
+    "plan": {"type": "dict"},
+    "state": {"type": "str", "choices": ["present", "absent"], "default": "present"},
+    "force": {"type": "bool", "default": False},
+    "task_group": {"type": "str"},
+    "proc_fs": {"type": "path", "default": "/proc"},
+    "lock_timeout": {"type": "float", "default": 30.0},
+    "update_affinity": {"type": "bool", "default": True},
+    "host": {"type": "str"},
+}
+
+
+def _gid(module, group):
+    if group is None:
+        return None
+    if group.isdigit():
+        return int(group)
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        host = module.params["host"]
+        prefix = f"host {host}: " if host else ""
+        module.fail_json(msg=f"{prefix}cpupools_state_task_group: group {group!r} does not exist on the node")
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=ARGUMENT_SPEC,
+        required_if=[("state", "present", ("plan",))],
+        supports_check_mode=True,
+    )
+    params = module.params
+    conf_dir = os.path.join(params["root"], params["conf_dir"].lstrip("/"))
+    try:
+        result = converge(
+            conf_dir,
+            params["plan"],
+            present=params["state"] == "present",
+            force=params["force"],
+            task_gid=_gid(module, params["task_group"]),
+            proc_fs=params["proc_fs"],
+            lock_timeout=params["lock_timeout"],
+            check_mode=module.check_mode,
+            update_affinity=params["update_affinity"],
+        )
+    except CpupoolsError as exc:
+        module.fail_json(msg=exc.describe(params["host"]))
+    before, after = result.pop("before"), result.pop("after")
+    if result["changed"]:
+        result["diff"] = {"before": before, "after": after, "before_header": conf_dir, "after_header": conf_dir}
+    module.exit_json(conf_dir=conf_dir, **result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,201 @@
+"""``cmk reconcile``, ``describe`` and ``node-report``: the agent's reporting side.
+
+Split from ``agent.py`` so that ``cmk isolate``, which runs on every workload
+start, does not load it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from . import state as st
+from .agent import EXIT_OK, _conf, _seconds
+from .errors import CpupoolsError
+
+# reconcile ----------------------------------------------------------------------
+
+
+def reconcile_pass(conf: str, proc_fs: str, timeout: float) -> tuple[list[dict], dict[str, tuple[int, int]]]:
+    """One pass under the lock: free the cpulists of dead tasks and of reused PIDs.
+
+    Returns CMK's ``reclaimedCpuLists`` entries (``pid``, ``pool``, ``cpus``)
+    sorted by PID, and per pool ``(cpulists, free cpulists)`` after the pass.
+    """
+    reclaimed: list[dict] = []
+    sizes: dict[str, tuple[int, int]] = {}
+    seen: dict[tuple[int, int | None], bool] = {}  # a shared task sits in several lists: read /proc once
+    with st.StateLock(conf, timeout):
+        pools = st.read_state(conf)
+        for name, pool in pools.items():
+            lists = pool.cpulists()
+            for cl in lists:
+                tasks = cl.tasks
+                if not tasks:
+                    continue
+                starts = cl.starts
+                alive = []
+                for pid in tasks:
+                    key = (pid, starts.get(pid))
+                    if key not in seen:
+                        seen[key] = st.task_alive(proc_fs, pid, key[1])
+                    if seen[key]:
+                        alive.append(pid)
+                    else:
+                        reclaimed.append({"pid": pid, "pool": name, "cpus": cl.cpus})
+                if len(alive) != len(tasks):
+                    st.write_tasks(cl, alive, {})
+            sizes[name] = (len(lists), sum(1 for cl in lists if not cl.tasks))
+    reclaimed.sort(key=lambda r: (r["pid"], r["pool"], r["cpus"]))
+    return reclaimed, sizes
+
+
+def after_pass_hook(opts: dict[str, str | bool], environ: dict[str, str] | os._Environ):
+    """The optional callable ``reconcile`` runs after each pass, with the pass's report.
+
+    None for now. This is where re-advertising the extended resources after a
+    kubelet restart plugs in (module ``k8s_advertise``): return a callable
+    ``hook(report: dict, sizes: dict[str, tuple[int, int]]) -> None``. A hook
+    that raises ``CpupoolsError`` is reported on stderr and the loop goes on.
+    """
+    return None
+
+
+def write_metrics(directory: str, sizes: dict[str, tuple[int, int]], reclaimed: int) -> None:
+    """node_exporter textfile ``cpupools.prom``: pool sizes, free lists, reclaimed total."""
+    path = os.path.join(directory, "cpupools.prom")
+    total = reclaimed
+    try:
+        with open(path, encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("cpupools_reclaimed_cpulists_total "):
+                    total += int(float(line.split()[1]))
+    except (OSError, ValueError):
+        pass
+    lines = [
+        "# HELP cpupools_pool_cpulists Cpulists in the pool.",
+        "# TYPE cpupools_pool_cpulists gauge",
+        *(f'cpupools_pool_cpulists{{pool="{p}"}} {n}' for p, (n, _) in sorted(sizes.items())),
+        "# HELP cpupools_pool_free_cpulists Cpulists with no task.",
+        "# TYPE cpupools_pool_free_cpulists gauge",
+        *(f'cpupools_pool_free_cpulists{{pool="{p}"}} {f}' for p, (_, f) in sorted(sizes.items())),
+        "# HELP cpupools_reclaimed_cpulists_total Task entries freed by reconcile (dead or reused PIDs).",
+        "# TYPE cpupools_reclaimed_cpulists_total counter",
+        f"cpupools_reclaimed_cpulists_total {total}",
+    ]
+    st.atomic_write(path, "\n".join(lines) + "\n", 0o644)
+
+
+def cmd_reconcile(opts: dict[str, str | bool], environ: dict[str, str] | os._Environ) -> int:
+    import json
+    import time
+
+    conf = _conf(opts)
+    interval = _seconds(opts, "--interval")
+    timeout = st.lock_timeout(environ)
+    proc_fs = environ.get("CMK_PROC_FS") or "/proc"
+    metrics = str(opts.get("--metrics-dir") or environ.get("CPUPOOLS_METRICS_DIR") or "")
+    hook = after_pass_hook(opts, environ)
+    while True:
+        try:
+            reclaimed, sizes = reconcile_pass(conf, proc_fs, timeout)
+            report = {"reclaimedCpuLists": reclaimed}
+            sys.stdout.write(json.dumps(report, indent=2, sort_keys=True) + "\n")
+            sys.stdout.flush()
+            if metrics:
+                write_metrics(metrics, sizes, len(reclaimed))
+            if hook is not None:
+                hook(report, sizes)
+        except CpupoolsError as exc:
+            if interval <= 0:
+                raise
+            sys.stderr.write(f"cmk reconcile: {exc}\n")
+        if interval <= 0:
+            return EXIT_OK
+        time.sleep(interval)
+
+
+# describe / node-report ----------------------------------------------------------
+
+
+def describe(conf: str, timeout: float) -> dict:
+    """CMK's describe dict (§6): pools with their cpulists and task PIDs."""
+    with st.StateLock(conf, timeout):
+        pools = st.read_state(conf)
+        return {
+            "pools": {
+                name: {
+                    "cpuLists": {cl.cpus: {"cpus": cl.cpus, "tasks": list(cl.tasks)} for cl in pool.cpulists()},
+                    "exclusive": pool.exclusive,
+                    "name": name,
+                }
+                for name, pool in pools.items()
+            }
+        }
+
+
+def overlap_errors(description: dict) -> list[str]:
+    """CMK's check: every pair of cpulists (any pools) sharing a CPU."""
+    entries = [
+        (pool, cpus, set(cpus.split(",")))
+        for pool, spec in sorted(description["pools"].items())
+        for cpus in spec["cpuLists"]
+    ]
+    errors = []
+    for i, (pa, la, ca) in enumerate(entries):
+        for pb, lb, cb in entries[i + 1 :]:
+            both = ca & cb
+            if both:
+                common = ",".join(sorted(both, key=int))
+                errors.append(f"CPU list overlap detected in {pa}:{la} and {pb}:{lb} (in both: {common})")
+    return errors
+
+
+def node_report(conf: str, timeout: float, sysfs_root: str) -> dict:
+    from .topology import gather_topology
+
+    errors: list[str] = []
+    try:
+        description: dict | None = describe(conf, timeout)
+    except CpupoolsError as exc:
+        description = None
+        errors.append(f"Unable to read CMK configuration directory {conf}: {exc}")
+    topo = gather_topology(sysfs_root)
+    isolated = set(topo.kernel.isolcpus)
+    sockets: dict[str, dict] = {}
+    for core in topo.cores:
+        entry = sockets.setdefault(str(core.socket), {"id": core.socket, "cores": []})
+        entry["cores"].append({"id": core.index, "cpus": [{"id": c, "isolated": c in isolated} for c in core.cpus]})
+    if description is not None:
+        errors.extend(overlap_errors(description))
+        online = set(topo.cpus)
+        for pool, spec in sorted(description["pools"].items()):
+            for cpus in spec["cpuLists"]:
+                missing = [c for c in cpus.split(",") if int(c) not in online]
+                if missing:
+                    errors.append(f"CPU list {pool}:{cpus} names CPU(s) {','.join(missing)} that are not online")
+    return {
+        "checks": {"configDirectory": {"errors": errors, "ok": not errors}},
+        "description": description,
+        "topology": {"sockets": sockets},
+    }
+
+
+def cmd_json(sub: str, opts: dict[str, str | bool], environ: dict[str, str] | os._Environ) -> int:
+    import json
+    import time
+
+    conf = _conf(opts)
+    timeout = st.lock_timeout(environ)
+    interval = _seconds(opts, "--interval") if sub == "node-report" else 0
+    while True:
+        if sub == "describe":
+            data = describe(conf, timeout)
+            sys.stdout.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        else:
+            data = node_report(conf, timeout, environ.get("CPUPOOLS_SYSFS_ROOT") or "/")
+            sys.stdout.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        sys.stdout.flush()
+        if interval <= 0:
+            return EXIT_OK
+        time.sleep(interval)

@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""Build the ``cmk`` node agent: a zipapp of module_utils/cpupools, byte-identical on every build.
+
+Usage: ``python3 scripts/build_agent.py [--shebang=LINE] [OUTPUT]`` (default ``build/cmk``).
+Writes two files: ``OUTPUT.pyz``, the zipapp (runnable by itself:
+``python3 cmk.pyz isolate ...``), and ``OUTPUT``, a five-line launcher that
+imports the agent from the ``.pyz`` beside it. The launcher exists for start-up
+time: Python runs a zipapp through ``runpy``, whose imports cost ~5 ms on every
+``cmk isolate``; importing from the zip directly costs nothing extra.
+``--shebang`` sets the launcher's interpreter line (default
+``/usr/bin/env python3``). ``/usr/bin/env -S python3 -IS`` starts about 2.5 ms
+faster (no ``site``: no .pth files, no sitecustomize) and keeps a workload's
+``PYTHONPATH``/``PYTHONHOME`` and user site-packages out of ``cmk``; it needs an
+``env`` that knows ``-S`` (coreutils 8.30 or newer; not busybox).
+Prints ``<sha256>  <path>  written|unchanged`` for both; rewrites a file only when its bytes
+differ, so an unchanged build keeps its mtime.
+
+Determinism: files in sorted order, a fixed timestamp (1980-01-01), fixed
+permissions, no compression. Each module is stored as source and as an
+unchecked hash-based ``.pyc`` of the building Python, so the node imports
+without compiling; on a node whose python3 has another bytecode version,
+zipimport ignores the ``.pyc`` and compiles the source (slower start, same
+behaviour).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import io
+import os
+import sys
+import zipfile
+from importlib._bootstrap_external import _code_to_hash_pyc  # type: ignore[attr-defined]
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE_DIR = os.path.join(REPO, "module_utils", "cpupools")
+SHEBANG = b"#!/usr/bin/env python3\n"
+EPOCH = (1980, 1, 1, 0, 0, 0)
+DEFAULT_SHEBANG = "/usr/bin/env python3"
+LAUNCHER = (
+    "#!{shebang}\n"
+    '"""cmk: the cpupools node agent. The code is in cmk.pyz beside this file."""\n'
+    "import os\n"
+    "import sys\n\n"
+    'sys.path.insert(0, os.path.realpath(__file__) + ".pyz")\n'
+    "try:\n"
+    "    from cpupools.agent import main\n"
+    "except ImportError as exc:\n"
+    '    sys.stderr.write(f"cmk: cannot load {{sys.path[0]}}: {{exc}}\\n")\n'
+    "    sys.exit(70)\n"
+    "sys.exit(main())\n"
+)
+MAIN = (
+    '"""cmk: the cpupools node agent (built by scripts/build_agent.py)."""\n'
+    "import sys\n\n"
+    "from cpupools.agent import main\n\n"
+    "sys.exit(main())\n"
+)
+
+
+def _entry(zf: zipfile.ZipFile, name: str, data: bytes) -> None:
+    info = zipfile.ZipInfo(name, date_time=EPOCH)
+    info.compress_type = zipfile.ZIP_STORED
+    info.create_system = 3
+    info.external_attr = 0o100644 << 16
+    zf.writestr(info, data)
+
+
+def _pyc(name: str, source: bytes) -> bytes:
+    # optimize=2 drops docstrings (the agent never reads them): smaller pyc, faster unmarshal.
+    code = compile(source, name, "exec", dont_inherit=True, optimize=2)
+    return bytes(_code_to_hash_pyc(code, importlib.util.source_hash(source), checked=False))
+
+
+def build() -> bytes:
+    """The zipapp bytes: shebang + zip of ``__main__`` and the ``cpupools`` package."""
+    files = {"__main__.py": MAIN.encode()}
+    for name in sorted(os.listdir(PACKAGE_DIR)):
+        if name.endswith(".py"):
+            with open(os.path.join(PACKAGE_DIR, name), "rb") as handle:
+                files[f"cpupools/{name}"] = handle.read()
+    buf = io.BytesIO()
+    buf.write(SHEBANG)
+    with zipfile.ZipFile(buf, "w") as zf:
+        for name in sorted(files):
+            _entry(zf, name, files[name])
+            _entry(zf, name + "c", _pyc(name, files[name]))
+    return buf.getvalue()
+
+
+def _install(path: str, data: bytes) -> None:
+    try:
+        with open(path, "rb") as handle:
+            same = handle.read() == data
+    except FileNotFoundError:
+        same = False
+    if not same:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, path)
+    print(f"{hashlib.sha256(data).hexdigest()}  {path}  {'unchanged' if same else 'written'}")
+
+
+def main(argv: list[str]) -> int:
+    shebang = DEFAULT_SHEBANG
+    args = []
+    for arg in argv[1:]:
+        if arg.startswith("--shebang="):
+            shebang = arg.partition("=")[2].strip().removeprefix("#!")
+        else:
+            args.append(arg)
+    if not shebang.startswith("/") or "\n" in shebang:
+        print(f"build_agent.py: --shebang={shebang!r} must be an absolute interpreter path", file=sys.stderr)
+        return 2
+    output = args[0] if args else os.path.join(REPO, "build", "cmk")
+    _install(output + ".pyz", build())
+    _install(output, LAUNCHER.format(shebang=shebang).encode())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

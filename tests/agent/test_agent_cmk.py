@@ -1,0 +1,372 @@
+"""The ``cmk`` program as workloads run it: real processes, real files, the built zipapp."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from conftest import PLAN_1X, PLAN_2X, agent_env, make_plan, tasks_of
+from cpupools import state as st
+
+#: A plan whose CPUs this 2-CPU machine does not have: used with --no-affinity for hand-out checks.
+PLAN_2S = make_plan(
+    {
+        "exclusive": {"0": ["1,45", "2,46"], "1": ["23,67", "24,68"]},
+        "shared": {"0": ["4,48"], "1": ["25,69"]},
+        "infra": {"0": ["0,44"], "1": ["22,66"]},
+    },
+    {"exclusive": ["1,45", "23,67", "2,46", "24,68"]},
+)
+
+
+def run(cmk, *args, env=None, timeout=30, **kw):
+    return subprocess.run([cmk, *args], env=env or agent_env(), capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def child_env_of(cmk, conf, *opts, **env):
+    res = run(cmk, "isolate", f"--conf-dir={conf}", *opts, "--", "env", env=agent_env(**env))
+    assert res.returncode == 0, res.stderr
+    return dict(line.split("=", 1) for line in res.stdout.splitlines() if line.startswith("CMK_"))
+
+
+def test_isolate_pins_the_child_and_sets_cmk_env(cmk, state_dir):
+    conf = state_dir(PLAN_2X)
+    res = run(
+        cmk,
+        "isolate",
+        f"--conf-dir={conf}",
+        "--pool=exclusive",
+        "--",
+        "sh",
+        "-c",
+        "grep Cpus_allowed_list /proc/self/status; env | grep ^CMK_CPUS; cat $0",
+        str(conf / "pools/exclusive/0/1/tasks"),
+    )
+    assert res.returncode == 0, res.stderr
+    # plan order hands out "1" first (CMK would take "0": sorted strings)
+    assert "Cpus_allowed_list:\t1\n" in res.stdout
+    assert "CMK_CPUS_ASSIGNED=1\n" in res.stdout and "CMK_CPUS_ASSIGNED_MASK=2\n" in res.stdout
+    assert int(res.stdout.splitlines()[-1]) not in (0, os.getpid())  # the isolate process held it
+    assert tasks_of(conf) == {"0": [], "1": []}  # given back
+
+
+def test_two_cores_and_no_affinity(cmk, state_dir):
+    conf = state_dir(PLAN_2X)
+    res = run(
+        cmk,
+        "isolate",
+        f"--conf-dir={conf}",
+        "--pool=exclusive",
+        "--no-affinity",
+        "--",
+        "sh",
+        "-c",
+        "grep Cpus_allowed_list /proc/self/status",
+        env=agent_env(CMK_NUM_CORES="2"),
+    )
+    assert res.returncode == 0, res.stderr
+    assert (
+        res.stdout
+        == f"Cpus_allowed_list:\t{Path('/proc/self/status').read_text().split('Cpus_allowed_list:')[1].split()[0]}\n"
+    )
+    res = run(
+        cmk,
+        "isolate",
+        f"--conf-dir={conf}",
+        "--pool=exclusive",
+        "--",
+        "sh",
+        "-c",
+        "grep Cpus_allowed_list /proc/self/status; echo $CMK_CPUS_ASSIGNED",
+        env=agent_env(CMK_NUM_CORES="2"),
+    )
+    assert res.stdout == "Cpus_allowed_list:\t0-1\n0,1\n"
+
+
+def test_spread_handout_and_socket_id(cmk, state_dir):
+    conf = state_dir(PLAN_2S)
+    env = child_env_of(cmk, conf, "--pool=exclusive", "--no-affinity", CMK_NUM_CORES="2")
+    assert env["CMK_CPUS_ASSIGNED"] == "1,45,23,67"  # one core per socket: spread really spreads
+    assert env["CMK_CPUS_ASSIGNED_MASK"] == format(1 << 1 | 1 << 45 | 1 << 23 | 1 << 67, "X")
+    assert env["CMK_CPUS_SHARED"] == "4,48,25,69"
+    assert env["CMK_CPUS_INFRA"] == "0,44,22,66"
+    env = child_env_of(cmk, conf, "--pool=exclusive", "--no-affinity", "--socket-id=1")
+    assert env["CMK_CPUS_ASSIGNED"] == "23,67"
+    # shared and infra: the pool's CPUs on all sockets, or on the one asked for; CMK_NUM_CORES does not count
+    env = child_env_of(cmk, conf, "--pool=shared", "--no-affinity", CMK_NUM_CORES="junk")
+    assert env["CMK_CPUS_ASSIGNED"] == "4,48,25,69"
+    assert child_env_of(cmk, conf, "--pool=infra", "--no-affinity", "--socket-id=1")["CMK_CPUS_ASSIGNED"] == "22,66"
+
+
+def test_cmk_style_command_line(cmk, state_dir):
+    """CMK's own form: options after the command, args after ``--``."""
+    conf = state_dir(PLAN_1X)
+    res = run(
+        cmk,
+        "isolate",
+        "sh",
+        f"--conf-dir={conf}",
+        "--pool",
+        "shared",
+        "--namespace=x",
+        "--",
+        "-c",
+        "echo $CMK_CPUS_ASSIGNED; exit 5",
+    )
+    assert (res.returncode, res.stdout) == (5, "0\n")
+
+
+@pytest.mark.parametrize(
+    ("script", "status"), [("exit 0", 0), ("exit 7", 7), ("kill -USR1 $$", 128 + 10), ("kill -KILL $$", 137)]
+)
+def test_exit_status_propagates(cmk, state_dir, script, status):
+    conf = state_dir(PLAN_2X)
+    res = run(cmk, "isolate", f"--conf-dir={conf}", "--pool=exclusive", "--", "sh", "-c", script)
+    assert res.returncode == status, res.stderr
+    assert tasks_of(conf) == {"0": [], "1": []}
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_signals_are_forwarded_and_the_list_given_back(cmk, state_dir, tmp_path, sig):
+    conf = state_dir(PLAN_2X)
+    mark = tmp_path / "got"
+    ready = tmp_path / "ready"
+    script = f'trap "echo {sig.name} > {mark}; exit 3" {sig.name[3:]}; touch {ready}; while :; do sleep 0.05; done'
+    proc = subprocess.Popen(
+        [cmk, "isolate", f"--conf-dir={conf}", "--pool=exclusive", "--", "sh", "-c", script],
+        env=agent_env(),
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while not ready.exists():
+            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.poll() else "slow"
+            time.sleep(0.02)
+        assert tasks_of(conf)["1"] == [proc.pid]
+        proc.send_signal(sig)  # to cmk only, not the process group
+        assert proc.wait(timeout=20) == 3  # the child's own status after its trap
+        assert mark.read_text() == f"{sig.name}\n"
+        assert tasks_of(conf) == {"0": [], "1": []}
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_concurrent_isolates_never_share_a_list(cmk, state_dir, tmp_path):
+    """24 isolate calls race for 2 exclusive lists: winners never overlap, losers fail fast with 75."""
+    conf = state_dir(PLAN_2X)
+    log = tmp_path / "log"
+    script = f'echo "$CMK_CPUS_ASSIGNED start $(date +%s%N)" >> {log}; sleep 0.3; echo "$CMK_CPUS_ASSIGNED end $(date +%s%N)" >> {log}'  # noqa: E501
+
+    def one(_):
+        started = time.monotonic()
+        res = run(
+            cmk,
+            "isolate",
+            f"--conf-dir={conf}",
+            "--pool=exclusive",
+            "--no-affinity",
+            "--",
+            "sh",
+            "-c",
+            script,
+            env=agent_env(CMK_LOCK_TIMEOUT="20"),
+        )
+        return res.returncode, time.monotonic() - started, res.stderr
+
+    for _round in range(3):
+        with ThreadPoolExecutor(max_workers=24) as pool:
+            results = list(pool.map(one, range(24)))
+        statuses = sorted(r[0] for r in results)
+        assert set(statuses) <= {0, 75}, results
+        assert statuses.count(0) >= 2
+        for status, took, err in results:
+            if status == 75:
+                assert err.startswith("cmk: not enough free cpu lists in pool exclusive") and err.count("\n") == 1
+                assert took < 10  # failed without waiting for a list to free up
+    events: dict[str, list[tuple[int, str]]] = {}
+    for line in log.read_text().splitlines():
+        cpus, what, stamp = line.split()
+        events.setdefault(cpus, []).append((int(stamp), what))
+    assert set(events) == {"0", "1"}
+    for cpus, seq in events.items():
+        kinds = [what for _, what in sorted(seq)]
+        assert kinds == ["start", "end"] * (len(kinds) // 2), f"two holders of cpulist {cpus} at once"
+    assert tasks_of(conf) == {"0": [], "1": []}
+
+
+def test_sigkill_then_reconcile_frees_the_list(cmk, state_dir):
+    conf = state_dir(PLAN_2X)
+    proc = subprocess.Popen(
+        [cmk, "isolate", f"--conf-dir={conf}", "--pool=exclusive", "--", "sleep", "60"],
+        env=agent_env(),
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while tasks_of(conf)["1"] != [proc.pid]:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        proc.kill()
+        proc.wait()
+        assert tasks_of(conf)["1"] == [proc.pid]  # SIGKILL: nothing could clean up
+        res = run(cmk, "reconcile", f"--conf-dir={conf}")
+        assert res.returncode == 0, res.stderr
+        assert json.loads(res.stdout) == {"reclaimedCpuLists": [{"cpus": "1", "pid": proc.pid, "pool": "exclusive"}]}
+        assert res.stdout.startswith('{\n  "reclaimedCpuLists": [\n')  # CMK's indent=2
+        assert tasks_of(conf) == {"0": [], "1": []}
+        assert os.listdir(conf / "pools/exclusive/0/1") == ["tasks"]  # marker gone too
+    finally:
+        # the group may be empty: killed before it spawned sleep, isolate left nothing behind
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_reconcile_catches_a_reused_pid(cmk, state_dir):
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        real = st.read_proc_stat("/proc", sleeper.pid)[2]
+        # "0" was taken by a process long gone whose PID the sleeper now has; "1" by the sleeper itself.
+        conf = state_dir(PLAN_2X, {"exclusive": {"0": {"0": [sleeper.pid], "1": [sleeper.pid]}}}, {sleeper.pid: real})
+        for name in os.listdir(conf / "pools/exclusive/0/0"):
+            if name.startswith("task."):
+                os.rename(
+                    conf / "pools/exclusive/0/0" / name, conf / f"pools/exclusive/0/0/task.{sleeper.pid}.{real - 5}"
+                )
+        res = run(cmk, "reconcile", f"--conf-dir={conf}")
+        assert json.loads(res.stdout)["reclaimedCpuLists"] == [{"cpus": "0", "pid": sleeper.pid, "pool": "exclusive"}]
+        assert tasks_of(conf) == {"0": [], "1": [sleeper.pid]}
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_reconcile_writes_metrics_and_keeps_a_running_total(cmk, state_dir, tmp_path):
+    conf = state_dir(PLAN_2X, {"exclusive": {"0": {"0": [2**22 + 1]}}})
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    for _ in range(2):
+        assert run(cmk, "reconcile", f"--conf-dir={conf}", f"--metrics-dir={metrics}").returncode == 0
+    text = (metrics / "cpupools.prom").read_text()
+    assert 'cpupools_pool_cpulists{pool="exclusive"} 2' in text
+    assert 'cpupools_pool_free_cpulists{pool="exclusive"} 2' in text
+    assert "cpupools_reclaimed_cpulists_total 1\n" in text
+
+
+def test_cmk_proc_fs_gives_the_host_pid(cmk, state_dir, tmp_path):
+    proc = tmp_path / "hostproc"
+    (proc / "self").mkdir(parents=True)
+    fields = ["S", "1"] + ["0"] * 17 + ["555"] + ["0"] * 30
+    (proc / "self" / "stat").write_text("424242 (cmk isolate) " + " ".join(fields) + "\n")
+    conf = state_dir(PLAN_2X)
+    tasks = conf / "pools/exclusive/0/1/tasks"
+    res = run(
+        cmk,
+        "isolate",
+        f"--conf-dir={conf}",
+        "--pool=exclusive",
+        "--",
+        "cat",
+        str(tasks),
+        env=agent_env(CMK_PROC_FS=str(proc)),
+    )
+    assert res.stdout == "424242"
+    assert tasks.read_text() == ""
+
+
+def test_errors_are_one_line_with_distinct_status_and_change_nothing(cmk, state_dir, tmp_path):
+    conf = state_dir(PLAN_2X)
+    before = {p: p.read_bytes() for p in conf.rglob("*") if p.is_file()}
+    cases = [
+        (["--pool=nope"], {}, 65, "requested pool nope does not exist"),
+        (["--pool=exclusive", "--socket-id=3"], {}, 65, "pool exclusive has no socket 3"),
+        (["--pool=exclusive", "--socket-id=x"], {}, 64, "--socket-id='x'"),
+        (["--pool=exclusive"], {"CMK_NUM_CORES": "0"}, 64, "CMK_NUM_CORES='0'"),
+        (["--pool=exclusive"], {"CMK_NUM_CORES": "3"}, 75, "pool exclusive: 3 requested, 2 free"),
+        (["--pool=exclusive"], {"CMK_LOCK_TIMEOUT": "soon"}, 64, "CMK_LOCK_TIMEOUT='soon'"),
+        (["--pool=shared"], {}, 65, "no cpu lists in pool shared"),
+        (["--pool=exclusive", "--bogus"], {}, 64, "unknown option --bogus"),
+        (["--pool=exclusive", f"--conf-dir={tmp_path / 'none'}"], {}, 78, "is missing"),
+    ]
+    for opts, env, status, message in cases:
+        res = run(cmk, "isolate", f"--conf-dir={conf}", *opts, "--", "true", env=agent_env(**env))
+        assert res.returncode == status, (opts, res.stderr)
+        assert res.stderr.startswith("cmk: ") and message in res.stderr and res.stderr.count("\n") == 1, res.stderr
+        assert "Traceback" not in res.stderr
+    res = run(cmk, "isolate", f"--conf-dir={conf}", "--pool=exclusive", "--", "/no/such/program")
+    assert (res.returncode, res.stderr) == (127, "cmk: command not found: /no/such/program\n")
+    assert {p: p.read_bytes() for p in conf.rglob("*") if p.is_file()} == before
+
+
+def test_lock_timeout_and_corrupt_state(cmk, state_dir):
+    conf = state_dir(PLAN_2X)
+    holder = os.open(conf / "lock", os.O_RDONLY)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    try:
+        res = run(
+            cmk, "isolate", f"--conf-dir={conf}", "--pool=exclusive", "true", env=agent_env(CMK_LOCK_TIMEOUT="0.5")
+        )
+        assert res.returncode == 69 and "still held by another process after 0.5 s" in res.stderr
+    finally:
+        os.close(holder)
+    (conf / "pools/exclusive/0/1/tasks").write_text("1,two")
+    for args in (["isolate", "--pool=exclusive", "true"], ["reconcile"], ["describe"]):
+        res = run(cmk, *args[:1], f"--conf-dir={conf}", *args[1:])
+        assert res.returncode == 78 and "state is corrupt" in res.stderr and "1,two" in res.stderr
+
+
+def test_describe_is_cmk_json(cmk, state_dir):
+    conf = state_dir(PLAN_1X, {"exclusive": {"0": {"1": [42]}}})
+    res = run(cmk, "describe", f"--conf-dir={conf}")
+    assert json.loads(res.stdout) == {
+        "pools": {
+            "exclusive": {"cpuLists": {"1": {"cpus": "1", "tasks": [42]}}, "exclusive": True, "name": "exclusive"},
+            "infra": {"cpuLists": {}, "exclusive": False, "name": "infra"},
+            "shared": {"cpuLists": {"0": {"cpus": "0", "tasks": []}}, "exclusive": False, "name": "shared"},
+        }
+    }
+
+
+def test_node_report_checks_overlaps(cmk, state_dir, make_root):
+    root = make_root("2s8c-nosmt")
+    conf = state_dir(make_plan({"exclusive": {"0": ["1"]}, "shared": {"0": ["2"]}, "infra": {"0": ["0,3"]}}))
+    env = agent_env(CPUPOOLS_SYSFS_ROOT=str(root))
+    report = json.loads(run(cmk, "node-report", f"--conf-dir={conf}", env=env).stdout)
+    assert report["checks"]["configDirectory"] == {"errors": [], "ok": True}
+    assert report["topology"]["sockets"]["1"]["cores"][0] == {"id": 8, "cpus": [{"id": 8, "isolated": False}]}
+    assert report["description"]["pools"]["exclusive"]["cpuLists"]["1"]["tasks"] == []
+    (conf / "pools/shared/0/1,2").mkdir()
+    (conf / "pools/shared/0/1,2/tasks").write_text("")
+    report = json.loads(run(cmk, "node-report", f"--conf-dir={conf}", env=env).stdout)
+    assert report["checks"]["configDirectory"] == {
+        "errors": [
+            "CPU list overlap detected in exclusive:1 and shared:1,2 (in both: 1)",
+            "CPU list overlap detected in shared:1,2 and shared:2 (in both: 2)",
+        ],
+        "ok": False,
+    }
+
+
+def test_reconcile_interval_loops_until_stopped(cmk, state_dir):
+    conf = state_dir(PLAN_2X, {"exclusive": {"0": {"0": [2**22 + 3]}}})
+    proc = subprocess.Popen(
+        [cmk, "reconcile", f"--conf-dir={conf}", "--interval=0.1"], env=agent_env(), stdout=subprocess.PIPE, text=True
+    )
+    try:
+        first = "".join(iter(proc.stdout.readline, "}\n")) + "}\n"
+        second = "".join(iter(proc.stdout.readline, "}\n")) + "}\n"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    assert json.loads(first)["reclaimedCpuLists"] == [{"cpus": "0", "pid": 2**22 + 3, "pool": "exclusive"}]
+    assert json.loads(second) == {"reclaimedCpuLists": []}

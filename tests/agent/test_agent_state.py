@@ -1,0 +1,202 @@
+"""Unit tests of the pool state (module_utils/cpupools/state.py): layout, validation, lock, resize rule."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+
+import pytest
+from conftest import PLAN_2X, make_plan, write_plan_state
+from cpupools import state as st
+from cpupools import state_writer as sw
+from cpupools.errors import LockTimeoutError, ResizeError, StateError, UsageError
+from cpupools.plan import make_request, plan_pools
+from cpupools.topology import gather_topology
+
+
+@pytest.fixture
+def big_plan(corpus_root):
+    topo = gather_topology(corpus_root["2s22c-smt2"])
+    return plan_pools(topo, make_request({"num_exclusive_cores": 6, "num_shared_cores": 2, "exclusive_mode": "spread"}))
+
+
+def test_layout_is_cmk_v14(tmp_path, big_plan):
+    conf = write_plan_state(tmp_path / "cmk", big_plan)
+    pools = conf / "pools"
+    assert sorted(os.listdir(pools)) == ["exclusive", "infra", "shared"]
+    assert (pools / "exclusive" / "exclusive").read_text() == "1"
+    assert (pools / "shared" / "exclusive").read_text() == "0"
+    # CMK lists a pool dir as sockets (+ the flag) and reads only "tasks" in a cpulist dir.
+    assert sorted(os.listdir(pools / "exclusive")) == ["0", "1", "exclusive"]
+    assert sorted(os.listdir(pools / "exclusive" / "0")) == ["1,45", "2,46", "3,47"]
+    assert os.listdir(pools / "exclusive" / "0" / "1,45") == ["tasks"]
+    assert (pools / "exclusive" / "0" / "1,45" / "tasks").read_bytes() == b""
+    assert (conf / "lock").read_bytes() == b""
+    # Round trip: what is read back is what the plan asked for.
+    assert sw.current_layout(st.read_state(str(conf))) == sw.desired_layout(big_plan)
+
+
+def test_handout_order_spreads_where_cmk_sorted_strings(tmp_path):
+    plan = make_plan({"exclusive": {"0": ["2,46", "10,54"], "1": ["23,67", "30,74"]}})
+    plan["handout_order"] = {"exclusive": ["2,46", "23,67", "10,54", "30,74"]}
+    conf = write_plan_state(tmp_path / "cmk", plan)
+    pool = st.read_state(str(conf))["exclusive"]
+    # CMK's order: socket 0 first, "10,54" before "2,46" (strings).
+    assert [cl.cpus for cl in pool.cpulists()] == ["10,54", "2,46", "23,67", "30,74"]
+    order = st.read_handout_order(str(conf), "exclusive")
+    assert [cl.cpus for cl in st.ordered_for_handout(pool, order)] == ["2,46", "23,67", "10,54", "30,74"]
+    assert [cl.cpus for cl in st.ordered_for_handout(pool, order, "1")] == ["23,67", "30,74"]
+    # A list the order does not name (stale metadata) still comes, after the named ones.
+    assert [cl.cpus for cl in st.ordered_for_handout(pool, ["23,67"])] == ["23,67", "10,54", "2,46", "30,74"]
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda c: (c / "pools/exclusive/exclusive").write_text("yes"), "exclusive holds 'yes'"),
+        (lambda c: (c / "pools/exclusive/exclusive").unlink(), "exclusive is missing"),
+        (lambda c: (c / "pools/exclusive/zero").mkdir(), "is not a socket directory"),
+        (lambda c: (c / "pools/exclusive/0/0-1").mkdir(), "is not a cpulist directory"),
+        (lambda c: (c / "pools/exclusive/0/1,1").mkdir(), "is not a cpulist directory"),
+        (lambda c: (c / "pools/exclusive/0/1/tasks").write_text("12,abc"), "expected comma-separated PIDs"),
+        (lambda c: (c / "pools/exclusive/0/1/tasks").unlink(), "tasks is missing"),
+        (lambda c: os.rename(c / "pools", c / "gone"), "is missing: the pool state is not installed"),
+    ],
+)
+def test_corrupt_state_is_refused_with_the_path(tmp_path, damage, message):
+    conf = write_plan_state(tmp_path / "cmk", PLAN_2X)
+    damage(conf)
+    with pytest.raises(StateError, match=message) as info:
+        pools = st.read_state(str(conf))
+        for pool in pools.values():
+            for cl in pool.cpulists():
+                cl.tasks  # noqa: B018 - tasks are read lazily
+    assert str(conf) in str(info.value)
+
+
+def test_lock_times_out_without_threads(tmp_path):
+    conf = write_plan_state(tmp_path / "cmk", PLAN_2X)
+    holder = os.open(conf / "lock", os.O_RDONLY)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    try:
+        started = time.monotonic()
+        with pytest.raises(LockTimeoutError, match=r"after 0\.3 s"), st.StateLock(str(conf), 0.3):
+            pass
+        assert time.monotonic() - started >= 0.3
+    finally:
+        os.close(holder)
+    with st.StateLock(str(conf), 0.3):  # free again
+        pass
+
+
+@pytest.mark.parametrize("raw", ["0", "-1", "abc", "inf-ish"])
+def test_lock_timeout_env_is_validated(raw):
+    with pytest.raises(UsageError, match="CMK_LOCK_TIMEOUT"):
+        st.lock_timeout({"CMK_LOCK_TIMEOUT": raw})
+    assert st.lock_timeout({}) == 30.0
+    assert st.lock_timeout({"CMK_LOCK_TIMEOUT": "2.5"}) == 2.5
+
+
+def test_proc_stat_with_hostile_command_name():
+    text = "4242 (a) b (c d) R 1 4242 4242 0 -1 4194560 " + " ".join(["0"] * 12) + " 987654 0 0"
+    assert st.parse_proc_stat(text) == (4242, "R", 987654)
+    me = st.read_proc_stat("/proc", os.getpid())
+    assert me is not None and me[0] == os.getpid()
+    assert st.read_proc_stat("/proc", 2**22 + 7) is None
+
+
+def test_start_markers_catch_pid_reuse(tmp_path):
+    conf = write_plan_state(tmp_path / "cmk", PLAN_2X)
+    me = st.read_proc_stat("/proc", os.getpid())
+    cl = st.read_state(str(conf))["exclusive"].cpulists()[0]
+    st.write_tasks(cl, [os.getpid()], {os.getpid(): me[2]})
+    assert sorted(os.listdir(cl.path)) == [f"task.{os.getpid()}.{me[2]}", "tasks"]
+    fresh = st.read_state(str(conf))["exclusive"].cpulists()[0]
+    assert fresh.tasks == [os.getpid()] and fresh.starts == {os.getpid(): me[2]}
+    assert st.task_alive("/proc", os.getpid(), me[2])
+    assert not st.task_alive("/proc", os.getpid(), me[2] + 1)  # same PID, another process
+    assert st.task_alive("/proc", os.getpid(), None)  # no marker: CMK's existence check
+    st.write_tasks(fresh, [], {})
+    assert os.listdir(cl.path) == ["tasks"] and (conf / "pools/exclusive/0/0/tasks").read_text() == ""
+
+
+def test_stray_marker_without_its_pid_is_ignored(tmp_path):
+    conf = write_plan_state(tmp_path / "cmk", PLAN_2X)
+    (conf / "pools/exclusive/0/1/task.77.12345").touch()  # a crash between marker and tasks
+    cl = st.read_state(str(conf))["exclusive"].cpulists()[1]
+    assert cl.tasks == [] and cl.starts == {77: 12345}
+    st.write_tasks(cl, [], {})  # the next write of the list cleans it
+    assert os.listdir(cl.path) == ["tasks"]
+
+
+def test_desired_layout_rejects_bad_plans():
+    with pytest.raises(StateError, match=r"not a cpulist in CMK form") as info:
+        sw.desired_layout(make_plan({"exclusive": {"0": ["0-3"]}}))
+    assert info.value.field == "plan"
+    with pytest.raises(StateError, match="CPU 1 is in exclusive:1 and shared:1,2"):
+        sw.desired_layout(make_plan({"exclusive": {"0": ["1"]}, "shared": {"0": ["1,2"]}}))
+    with pytest.raises(StateError, match="plan is malformed"):
+        sw.desired_layout({"pools": ["exclusive"]})
+
+
+def test_diff_layout_names_added_and_removed():
+    old = sw.desired_layout(PLAN_2X)
+    new = sw.desired_layout(make_plan({"exclusive": {"0": ["1"]}, "shared": {"0": ["0"]}}))
+    diff = sw.diff_layout(old, new)
+    assert diff == {"added": ["shared/0/0"], "removed": ["exclusive/0/0"], "flags": []}
+
+
+# The resize rule ------------------------------------------------------------
+
+OLD = {
+    "exclusive": {"0": {"1,45": [100], "2,46": [], "3,47": [300]}, "1": {"23,67": [400]}},
+    "shared": {"0": {"4,48": [500, 501]}, "1": {"25,69": [600]}},
+}
+
+
+def _desired(excl0, excl1, shared0, shared1):
+    plan = make_plan({"exclusive": {"0": excl0, "1": excl1}, "shared": {"0": shared0, "1": shared1}})
+    return sw.desired_layout(plan), plan["handout_order"]
+
+
+def test_resize_keeps_holders_whose_list_stays_exclusive():
+    desired, order = _desired(["1,45", "3,47"], ["23,67", "24,68"], ["4,48"], ["25,69"])
+    new, moves = sw.resize_tasks(OLD, {100, 300, 400, 500, 501, 600}, desired, order)
+    assert new["exclusive"]["0"] == {"1,45": [100], "3,47": [300]}
+    assert new["exclusive"]["1"] == {"23,67": [400], "24,68": []}
+    assert new["shared"] == {"0": {"4,48": [500, 501]}, "1": {"25,69": [600]}}
+    assert moves == []
+
+
+def test_resize_moves_a_displaced_holder_to_a_free_list_same_socket_first():
+    desired, order = _desired(["1,45", "5,49"], ["23,67", "24,68"], ["4,48", "3,47"], ["25,69"])
+    desired["shared"]["sockets"]["0"] = ["3,4,47,48"]
+    new, moves = sw.resize_tasks(OLD, {100, 300, 400, 500, 501, 600}, desired, order)
+    assert new["exclusive"]["0"] == {"1,45": [100], "5,49": [300]}
+    assert moves[0] == {"pid": 300, "pool": "exclusive", "from": "3,47", "to": "5,49", "socket": "0"}
+    # shared tasks follow their socket's (grown) list
+    assert new["shared"]["0"] == {"3,4,47,48": [500, 501]}
+    changes = sw.affinity_changes(OLD, new, {100, 300, 400, 500, 501, 600})
+    assert changes == {300: [5, 49], 500: [3, 4, 47, 48], 501: [3, 4, 47, 48]}
+
+
+def test_resize_refuses_when_live_holders_do_not_fit():
+    desired, order = _desired(["1,45"], ["23,67"], ["2,3,46,47"], ["25,69"])
+    with pytest.raises(ResizeError) as info:
+        sw.resize_tasks(OLD, {100, 300, 400, 500, 501, 600}, desired, order)
+    msg = str(info.value)
+    assert "PID 300" in msg and "1 cpulist(s) that the new plan drops" in msg and "only 0 of its 2" in msg
+
+
+def test_resize_drops_dead_holders_of_removed_lists_only():
+    desired, order = _desired(["1,45"], ["23,67"], ["4,48"], ["25,69"])
+    new, moves = sw.resize_tasks(OLD, {400}, desired, order)  # 100, 300, 5xx, 600 are dead
+    assert new["exclusive"]["0"] == {"1,45": [100]}  # kept list: left for reconcile
+    assert moves == []
+
+
+def test_resize_refuses_a_pool_that_disappears_under_live_tasks():
+    desired, order = _desired(["1,45", "2,46", "3,47"], ["23,67"], [], [])
+    with pytest.raises(ResizeError, match=r"PID 500, 501, 600 hold 2 cpulist\(s\) but the new plan has no cpulist"):
+        sw.resize_tasks(OLD, {500, 501, 600}, desired, order)
