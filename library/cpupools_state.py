@@ -109,6 +109,11 @@ affinity:
   description: PID (string) to the CPUs its process tree was (or in check mode would be) re-pinned to.
   returned: always
   type: dict
+tasks:
+  description: Pool to cpulist to the PIDs the state holds after the run (every cpulist; [] when free).
+  returned: when state is present
+  type: dict
+  sample: {"exclusive": {"1,45": [4242], "2,46": []}, "shared": {"3,4,47,48": []}}
 """
 
 import grp

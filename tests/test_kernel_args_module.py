@@ -12,9 +12,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import REPO, tree_snapshot
 from cpupools.plan import make_request, plan_pools
 from cpupools.topology import gather_topology
+from helpers import REPO, tree_snapshot
 
 pytestmark = pytest.mark.slow
 
@@ -252,7 +252,7 @@ def test_bad_input_is_refused_and_nothing_written(make_root, env, playbook, back
     elif setup == "late-dropin":
         (root / "etc/default/grub.d/zz-cloud.cfg").write_text('GRUB_CMDLINE_LINUX="console=tty1"\n')
     elif setup == "update-fails":
-        from conftest import ansible_env
+        from helpers import ansible_env
 
         run_env = ansible_env(FAKE_UPDATE_GRUB_FAIL="1")
     elif setup == "bad-grubby":

@@ -9,10 +9,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import REPO, tree_snapshot
 from cpupools import kargs
 from cpupools.plan import make_request, plan_pools
 from cpupools.topology import gather_topology
+from helpers import REPO, tree_snapshot
 from test_kernel_args_module import FAKES, RELEASE, USER_GRUB, commands, contents, make_backend_root
 
 pytestmark = pytest.mark.slow

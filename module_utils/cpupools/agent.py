@@ -33,12 +33,15 @@ USAGE = """\
 usage:
   cmk isolate [--conf-dir=DIR] [--socket-id=N] --pool=POOL [--no-affinity] COMMAND [-- ARGS...]
   cmk reconcile [--conf-dir=DIR] [--interval=SECONDS] [--publish] [--metrics-dir=DIR]
+                [--kubeconfig=FILE] [--node-name=NODE]
   cmk describe [--conf-dir=DIR]
   cmk node-report [--conf-dir=DIR] [--interval=SECONDS] [--publish]
 
 environment: CMK_NUM_CORES (isolate, exclusive pools; default 1), CMK_PROC_FS
 (host /proc; default /proc), CMK_LOCK_TIMEOUT (seconds; default 30),
-CPUPOOLS_METRICS_DIR (reconcile's node_exporter textfile directory).
+CPUPOOLS_METRICS_DIR (reconcile's node_exporter textfile directory),
+CPUPOOLS_KUBECONFIG, NODE_NAME, CPUPOOLS_EXCLUSIVE_RESOURCE, CPUPOOLS_ENI_RESOURCE
+(reconcile re-advertises the extended resources with the kubelet's credentials).
 exit status: isolate exits with its command's status (128+N when it died of
 signal N); 64 usage, 65 unknown pool/socket, 69 lock timeout, 70 internal
 error, 71 affinity failed, 75 not enough free cpulists, 77 permission denied,
@@ -55,6 +58,8 @@ _OPTIONS = {
         "--publish": False,
         "--namespace": True,
         "--metrics-dir": True,
+        "--kubeconfig": True,
+        "--node-name": True,
     },
     "describe": {"--conf-dir": True, "--namespace": True},
     "node-report": {"--conf-dir": True, "--interval": True, "--publish": False, "--namespace": True},

@@ -50,15 +50,46 @@ def reconcile_pass(conf: str, proc_fs: str, timeout: float) -> tuple[list[dict],
     return reclaimed, sizes
 
 
-def after_pass_hook(opts: dict[str, str | bool], environ: dict[str, str] | os._Environ):
-    """The optional callable ``reconcile`` runs after each pass, with the pass's report.
+#: CMK's extended resource names; CPUPOOLS_EXCLUSIVE_RESOURCE and
+#: CPUPOOLS_ENI_RESOURCE override them (the role sets them to the names the
+#: cpupools_k8s stage advertises).
+EXCLUSIVE_RESOURCE = "cmk.intel.com/exclusive-cores"
+ENI_RESOURCE = "cmk.intel.com/exclusive-non-isolcpus-cores"
 
-    None for now. This is where re-advertising the extended resources after a
-    kubelet restart plugs in (module ``k8s_advertise``): return a callable
-    ``hook(report: dict, sizes: dict[str, tuple[int, int]]) -> None``. A hook
-    that raises ``CpupoolsError`` is reported on stderr and the loop goes on.
+
+def after_pass_hook(opts: dict[str, str | bool], environ: dict[str, str] | os._Environ):
+    """The callable ``reconcile`` runs after each pass, or None.
+
+    With ``--kubeconfig`` (the node's own kubelet credentials, typically
+    ``/etc/kubernetes/kubelet.conf``), it re-advertises the exclusive pools'
+    extended resources when the kubelet dropped them on re-registering
+    (module ``k8s_advertise``, standard library HTTPS only). A kubeconfig
+    path that does not exist turns it off quietly. Errors are one line on
+    stderr; the reconcile loop goes on.
     """
-    return None
+    kubeconfig = str(opts.get("--kubeconfig") or environ.get("CPUPOOLS_KUBECONFIG") or "")
+    if not kubeconfig:
+        return None
+    import socket
+
+    node = str(opts.get("--node-name") or environ.get("NODE_NAME") or socket.gethostname())
+    names = {
+        "exclusive": environ.get("CPUPOOLS_EXCLUSIVE_RESOURCE") or EXCLUSIVE_RESOURCE,
+        "exclusive-non-isolcpus": environ.get("CPUPOOLS_ENI_RESOURCE") or ENI_RESOURCE,
+    }
+
+    def readvertise_hook(report: dict, sizes: dict[str, tuple[int, int]]) -> None:
+        from .k8s_advertise import readvertise
+
+        expected = {names[pool]: sizes[pool][0] for pool in names if pool in sizes}
+        result = readvertise(kubeconfig, node, expected)
+        if result.get("error"):
+            sys.stderr.write(f"cmk reconcile: re-advertising on node {node}: {result['error']}\n")
+        elif result.get("changed"):
+            after = ", ".join(f"{k}={v}" for k, v in sorted((result.get("after") or {}).items()))
+            sys.stderr.write(f"cmk reconcile: re-advertised {after} on node {node}\n")
+
+    return readvertise_hook
 
 
 def write_metrics(directory: str, sizes: dict[str, tuple[int, int]], reclaimed: int) -> None:

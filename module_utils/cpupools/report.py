@@ -11,7 +11,7 @@ Input: one dict per host (``analyse_host`` documents every key)::
      "kernel": {"reboot_required": bool,           # cpupools_kernel_status, or None
                 "pending": ["isolcpus", ...],
                 "desired_cmdline_args": {"isolcpus": "...", ...}},
-     "state": {"present": bool,                    # cpupools_state_status, or None
+     "state": {"present": bool,                    # cpupools_agent_status, or None
                "pools": {pool: {socket: [cpulist, ...]}},
                "tasks": {pool: {cpulist: [pid, ...]}}},
      "k8s": {"enabled": bool,                      # cpupools_k8s_status, or None
@@ -167,7 +167,7 @@ def _cpus(value: object, what: str, field_name: str | None) -> list[int]:
     try:
         return parse_cpulist(value if value is not None else "", what)  # type: ignore[arg-type]
     except CpupoolsError as exc:
-        raise ReportError(f"{what}: {exc}", field_name) from None
+        raise ReportError(str(exc), field_name) from None  # the parser's message names ``what`` and the value
 
 
 def _mapping(value: object, field_name: str) -> Mapping | None:
@@ -280,7 +280,7 @@ def analyse_host(entry: Mapping) -> HostView:
         view.to_isolate = format_cpulist(to_isolate)
         view.to_release = format_cpulist(to_release)
     _kernel(view, _mapping(entry.get("kernel"), "kernel_status"), bool(to_isolate or to_release))
-    held = _state(view, _mapping(entry.get("state"), "state_status"), plan)
+    held = _state(view, _mapping(entry.get("state"), "agent_status"), plan)
     busy = {cpu for _, key in held for cpu in parse_cpulist(key)}
     _k8s(view, _mapping(entry.get("k8s"), "k8s_status"), plan)
     if plan:
@@ -327,16 +327,16 @@ def _state(view: HostView, state: Mapping | None, plan: Mapping | None) -> dict[
         if plan:
             view.drift.append("state: the pool state directory does not exist yet")
         return busy
-    tasks = _mapping(state.get("tasks") or {}, "state_status") or {}
+    tasks = _mapping(state.get("tasks") or {}, "agent_status") or {}
     planned = _plan_cpulists(plan) if plan else None
     on_disk: dict[str, set[str]] = {}
     count = 0
     for pool in _ordered_pools(str(p) for p in tasks):
-        lists = _mapping(tasks[pool] or {}, "state_status") or {}
+        lists = _mapping(tasks[pool] or {}, "agent_status") or {}
         on_disk[pool] = set()
-        for cpulist in sorted(lists, key=lambda c: (_cpus(c, f"state cpulist {c!r}", "state_status"), c)):
-            pids = [_int(p, f"task of {pool} {cpulist}", "state_status") for p in lists[cpulist] or []]
-            key = format_cpulist(_cpus(cpulist, f"state cpulist {cpulist!r}", "state_status"))
+        for cpulist in sorted(lists, key=lambda c: (_cpus(c, f"{pool} state cpulist", "agent_status"), c)):
+            pids = [_int(p, f"task of {pool} {cpulist}", "agent_status") for p in lists[cpulist] or []]
+            key = format_cpulist(_cpus(cpulist, f"{pool} state cpulist", "agent_status"))
             on_disk[pool].add(key)
             if pids:
                 count += len(pids)
@@ -348,7 +348,7 @@ def _state(view: HostView, state: Mapping | None, plan: Mapping | None) -> dict[
                         "which the plan does not have"
                     )
     if state.get("pools") is not None:
-        pools = _mapping(state.get("pools"), "state_status") or {}
+        pools = _mapping(state.get("pools"), "agent_status") or {}
         on_disk = {
             str(p): _norm_lists({str(s): list(v or []) for s, v in (sockets or {}).items()})
             for p, sockets in pools.items()

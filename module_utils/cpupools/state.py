@@ -91,7 +91,7 @@ class StateLock:
         except FileNotFoundError:
             raise StateError(
                 f"state lock {self.path} is missing: the pool state is not installed "
-                "(run the cpupools playbook, role node_agent)"
+                "(run the cpupools playbook, role cpupools_agent)"
             ) from None
         except PermissionError:
             raise StatePermissionError(f"cannot open state lock {self.path}: permission denied") from None
@@ -298,7 +298,7 @@ def read_state(conf_dir: str, only_pools: tuple[str, ...] | None = None) -> dict
     if not os.path.isdir(pools_dir):
         raise StateError(
             f"state directory {pools_dir} is missing: the pool state is not installed "
-            "(run the cpupools playbook, role node_agent)"
+            "(run the cpupools playbook, role cpupools_agent)"
         )
     pools: dict[str, Pool] = {}
     for name in _listdir(pools_dir):

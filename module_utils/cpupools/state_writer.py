@@ -448,7 +448,8 @@ def converge(
     """Make ``conf_dir`` hold ``plan``'s state (or nothing when not ``present``).
 
     Returns ``changed``, ``before``/``after`` (text for ``--diff``), ``moves``,
-    ``live_tasks``, ``affinity`` (pid -> CPUs re-pinned) and ``fingerprint``.
+    ``live_tasks``, ``affinity`` (pid -> CPUs re-pinned), ``fingerprint`` and
+    ``tasks`` (pool -> cpulist -> PIDs after the run).
     Raises ``StateError`` (corrupt state without ``force``, lock timeout) or
     ``ResizeError`` (live tasks that do not fit) before writing anything.
     """
@@ -518,6 +519,12 @@ def converge(
         new_tasks, moves = resize_tasks(cur_tasks, live, desired, meta["handout_order"])
         result["moves"] = moves
         result["fingerprint"] = meta["fingerprint"]
+        # What the state holds after this run, pool -> cpulist -> PIDs (every
+        # cpulist, [] when free): the report's "live tasks".
+        result["tasks"] = {
+            pool: {cpus: list(pids) for lists in sockets.values() for cpus, pids in lists.items()}
+            for pool, sockets in new_tasks.items()
+        }
         result["after"] = render_state(desired, new_tasks, meta)
         need_tree = (
             not has_state

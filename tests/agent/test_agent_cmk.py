@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import PLAN_1X, PLAN_2X, agent_env, make_plan, tasks_of
+from agent_support import PLAN_1X, PLAN_2X, agent_env, make_plan, tasks_of
 from cpupools import state as st
 
 #: A plan whose CPUs this 2-CPU machine does not have: used with --no-affinity for hand-out checks.

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PLAN_1X, PLAN_2X, agent_env, make_plan, tasks_of, tree_snapshot
+from agent_support import PLAN_1X, PLAN_2X, agent_env, make_plan, tasks_of, tree_snapshot
 
 pytestmark = pytest.mark.slow
 

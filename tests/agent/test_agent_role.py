@@ -1,4 +1,4 @@
-"""The node_agent role through real ansible-playbook runs into a sandbox root."""
+"""The cpupools_agent role through real ansible-playbook runs into a sandbox root."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import subprocess
 import time
 
 import pytest
-from conftest import PLAN_2X, agent_env, tasks_of, tree_snapshot
+from agent_support import PLAN_2X, agent_env, tasks_of, tree_snapshot
 
 pytestmark = pytest.mark.slow
 
@@ -18,7 +18,7 @@ PLAY = """
 - hosts: localhost
   gather_facts: false
   roles:
-    - role: node_agent
+    - role: cpupools_agent
 """
 
 
@@ -36,7 +36,12 @@ def test_install_is_idempotent_and_check_mode_is_honest(playbook, tmp_path):
     assert res.rc == 0, res.messages()
     assert res.changed() > 0
     service = (root / "etc/systemd/system/cpupools-reconcile.service").read_text()
-    assert service.startswith("#") and "ExecStart=/opt/bin/cmk reconcile --conf-dir=/etc/cmk\n" in service
+    assert (
+        service.startswith("#")
+        and "ExecStart=/opt/bin/cmk reconcile --conf-dir=/etc/cmk"
+        " --kubeconfig=/etc/kubernetes/kubelet.conf --node-name=localhost\n"
+        in service
+    )
     assert "OnUnitActiveSec=15s" in (root / "etc/systemd/system/cpupools-reconcile.timer").read_text()
     assert os.access(root / "opt/bin/cmk", os.X_OK) and (root / "opt/bin/cmk.pyz").is_file()
     snap = tree_snapshot(root)

@@ -7,7 +7,7 @@ import os
 import time
 
 import pytest
-from conftest import PLAN_2X, make_plan, write_plan_state
+from agent_support import PLAN_2X, make_plan, write_plan_state
 from cpupools import state as st
 from cpupools import state_writer as sw
 from cpupools.errors import LockTimeoutError, ResizeError, StateError, UsageError

@@ -12,8 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from cpupools.plan import make_request, plan_pools
 from cpupools.topology import gather_topology
 from k8s_fake import FakeKube, make_pki, write_kubeconfig
-
-TOKEN = "tok-3f9c1d2e-never-logged"
+from k8s_support import TOKEN
 
 
 @pytest.fixture

@@ -5,8 +5,8 @@ from __future__ import annotations
 import socket
 
 import pytest
-from conftest import TOKEN
 from k8s_fake import write_kubeconfig
+from k8s_support import TOKEN
 
 pytestmark = pytest.mark.slow
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import REPO, ansible_env, tree_snapshot
+from helpers import REPO, ansible_env, tree_snapshot
 from sysfs import Spec
 
 pytestmark = pytest.mark.slow

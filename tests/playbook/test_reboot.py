@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from helpers import REPO
 from sysfs import CORPUS, write_tree
 
 sys.path.insert(0, str(REPO / "tests"))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import REPO, tree_snapshot
+from helpers import REPO, tree_snapshot
 
 pytestmark = pytest.mark.slow
 

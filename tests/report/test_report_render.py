@@ -323,7 +323,8 @@ def test_fleet_summary_counts_each_status(host_input):
         ),
         (
             {"host": "h", "state": {"tasks": {"exclusive": {"1-x": [1]}}}},
-            "host h: cpupools_state_status: state cpulist",
+            "host h: cpupools_agent_status: malformed exclusive state cpulist '1-x': item 1 '1-x': "
+            "'x' is not a CPU number",
         ),
         ({"nohost": 1}, "every report input needs a 'host' name"),
     ],

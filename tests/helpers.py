@@ -1,0 +1,133 @@
+"""Test helpers importable from any test module: real ansible-playbook runs, snapshots.
+
+The fixtures that use them are in tests/conftest.py (a test imports from
+``helpers``, never from ``conftest``: every test folder has its own conftest)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+sys.path.insert(0, str(REPO / "module_utils"))
+sys.path.insert(0, str(REPO / "tests" / "fixtures"))
+
+
+@dataclass
+class PlaybookResult:
+    rc: int
+    stdout: str
+    stderr: str
+    data: dict | None
+
+    @property
+    def stats(self) -> dict:
+        return (self.data or {}).get("stats", {})
+
+    def changed(self, host: str = "localhost") -> int:
+        return self.stats.get(host, {}).get("changed", 0)
+
+    def failed(self, host: str = "localhost") -> int:
+        s = self.stats.get(host, {})
+        return s.get("failures", 0) + s.get("unreachable", 0)
+
+    def tasks(self) -> list[dict]:
+        out = []
+        for play in (self.data or {}).get("plays", []):
+            out.extend(play.get("tasks", []))
+        return out
+
+    def result(self, task_name: str, host: str = "localhost") -> dict:
+        """The result of the last task called ``task_name`` (with or without its ``role : `` prefix) on ``host``."""
+        found = None
+        for task in self.tasks():
+            name = task["task"]["name"]
+            if (name == task_name or name.endswith(f" : {task_name}")) and host in task["hosts"]:
+                found = task["hosts"][host]
+        if found is None:
+            raise AssertionError(
+                f"no task {task_name!r} ran on {host}; ran: {[t['task']['name'] for t in self.tasks()]}"
+            )
+        return found
+
+    def messages(self) -> str:
+        """Every ``msg`` of a failed task, joined (for asserting error text)."""
+        out = []
+        for task in self.tasks():
+            for res in task["hosts"].values():
+                if res.get("failed") and res.get("msg"):
+                    out.append(str(res["msg"]))
+        return "\n".join(out)
+
+
+def ansible_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        {
+            "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+            "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
+            "ANSIBLE_NOCOLOR": "1",
+            "ANSIBLE_FORCE_COLOR": "0",
+            "ANSIBLE_PYTHON_INTERPRETER": sys.executable,
+            "ANSIBLE_LOCAL_TEMP": str(Path(os.environ.get("TMPDIR", "/tmp")) / "cpupools-ansible-local"),
+            "PATH": f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}",
+        }
+    )
+    env.update(extra)
+    return env
+
+
+def run_playbook(
+    playbook: str | Path,
+    tmp_path: Path,
+    extra_vars: dict | None = None,
+    *args: str,
+    inventory: str | None = None,
+    env: dict[str, str] | None = None,
+) -> PlaybookResult:
+    """Run real ``ansible-playbook``; ``playbook`` is a path or YAML text.
+
+    Returns the parsed JSON callback output. The default inventory is
+    ``localhost`` with the local connection.
+    """
+    if isinstance(playbook, str) and "\n" in playbook:
+        path = tmp_path / "playbook.yml"
+        path.write_text(textwrap.dedent(playbook))
+        playbook = path
+    cmd = [str(VENV_BIN / "ansible-playbook"), str(playbook)]
+    if inventory is None:
+        cmd += ["-i", "localhost,", "-c", "local"]
+    else:
+        cmd += ["-i", inventory]
+    if extra_vars:
+        vars_file = tmp_path / f"extra-vars-{len(list(tmp_path.glob('extra-vars-*')))}.json"
+        vars_file.write_text(json.dumps(extra_vars))
+        cmd += ["-e", f"@{vars_file}"]
+    cmd += list(args)
+    proc = subprocess.run(cmd, cwd=REPO, env=env or ansible_env(), capture_output=True, text=True, check=False)
+    try:
+        data = json.loads(proc.stdout[proc.stdout.index("{") :]) if "{" in proc.stdout else None
+    except ValueError:
+        data = None
+    return PlaybookResult(proc.returncode, proc.stdout, proc.stderr, data)
+
+
+def tree_snapshot(root: Path) -> dict[str, tuple[str, int]]:
+    """``relative path -> (sha-less content repr, mtime_ns)`` of every file under root."""
+    out = {}
+    for path in sorted(Path(root).rglob("*")):
+        if path.is_file() and not path.is_symlink():
+            st = path.stat()
+            out[str(path.relative_to(root))] = (path.read_bytes().hex()[:4096], st.st_mtime_ns)
+    return out
+
+
+def which(cmd: str) -> str | None:
+    return shutil.which(cmd)
