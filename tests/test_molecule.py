@@ -20,7 +20,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 IMAGE = "localhost/cpupools-molecule:current"
-ROLE_STACK = ("site.yml", "roles/cpupools_plan", "roles/kernel_args", "roles/cpupools_agent")
+ROLE_STACK = ("site.yml", "roles/cpupools_plan", "roles/cpupools_kernel", "roles/cpupools_agent")
 # scenario -> the repository paths it drives
 SCENARIOS = {
     "platform": (),
