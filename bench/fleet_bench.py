@@ -48,6 +48,7 @@ def make_fleet(base: Path, hosts: int) -> Path:
         "    cpupools_num_shared_cores: 2",
         f"    cpupools_report_html: {base / 'report.html'}",
         "    cpupools_report_print: false",
+        "    cpupools_kernel_args_backend: grub",
     ]
     inventory = base / "hosts.yml"
     inventory.write_text("\n".join(lines) + "\n")

@@ -36,6 +36,14 @@ options:
     description: Root directory of the host; every file is read and written under it (tests use a fixture tree).
     type: path
     default: /
+  report_files:
+    description:
+      - Paths (as on the node, under O(root)) to report back in RV(files_present) when they exist. The role
+        lists its optional drop-ins, so that switched-off ones are removed only when they are there, without
+        one more module run per file.
+    type: list
+    elements: path
+    default: []
   host:
     description: Name of the host in error messages (the role passes the inventory name); default the node's hostname.
     type: str
@@ -169,6 +177,11 @@ outputs:
     kubelet reservations).
   type: dict
   returned: always
+files_present:
+  description: Those of O(report_files) that exist.
+  type: list
+  elements: str
+  returned: always
 path:
   description: The file this backend writes (drop-in or C(/etc/kernel/cmdline)); empty for grubby.
   type: str
@@ -202,6 +215,7 @@ ARGUMENT_SPEC = {
     "command_line_size": {"type": "int", "default": kargs.COMMAND_LINE_SIZE},
     "update": {"type": "str", "choices": ["auto", "never", "always"], "default": "auto"},
     "command_wrapper": {"type": "list", "elements": "str"},
+    "report_files": {"type": "list", "elements": "path", "default": []},
     "kernel_release": {"type": "str"},
     "record": {"type": "path", "default": "/var/lib/cpupools/kernel-args.json"},
 }
@@ -663,6 +677,7 @@ def execute(module):
         "commands": host.commands,
         "notes": notes,
         "outputs": outputs,
+        "files_present": sorted(f for f in module.params["report_files"] if os.path.lexists(host.path(f.lstrip("/")))),
         "path": "/" + result["rel"] if result["rel"] else "",
         "kernel_release": release,
         "diff": diff,

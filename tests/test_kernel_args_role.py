@@ -90,6 +90,30 @@ def test_role_check_converge_idempotence_absent(make_root, playbook, tmp_path):
     assert commands(log)[-1] == f"{root}/usr/sbin/update-grub"
 
 
+def test_switching_a_drop_in_off_removes_it_and_only_then_runs_a_removal(make_root, playbook, tmp_path):
+    root = make_backend_root(make_root, "grub")
+    log = tmp_path / "commands.log"
+    on = role_vars(root, log)
+    assert playbook(ROLE_PLAYBOOK, on).rc == 0
+    dropins = {
+        "cpuaffinity": root / "etc/systemd/system.conf.d/50-cpupools.conf",
+        "irqbalance": root / "etc/systemd/system/irqbalance.service.d/50-cpupools.conf",
+        "kubelet": root / "etc/kubernetes/kubelet.conf.d/50-cpupools.conf",
+    }
+    assert all(p.exists() for p in dropins.values())
+    off = role_vars(root, log, cpupools_systemd_cpuaffinity=False, cpupools_kubelet_dropin=False)
+    res = playbook(ROLE_PLAYBOOK, off)
+    assert res.rc == 0, res.stdout
+    assert not dropins["cpuaffinity"].exists() and not dropins["kubelet"].exists()
+    assert dropins["irqbalance"].exists()
+    assert res.result("Remove the systemd CPUAffinity drop-in")["changed"] is True
+    # Nothing left to remove: the removal tasks are skipped, not run to find nothing.
+    again = playbook(ROLE_PLAYBOOK, off)
+    assert again.rc == 0 and again.changed() == 0
+    assert again.result("Remove the systemd CPUAffinity drop-in").get("skipped") is True
+    assert again.result("Remove the kubelet configuration drop-in").get("skipped") is True
+
+
 def test_role_refuses_a_missing_plan(make_root, playbook, tmp_path):
     root = make_backend_root(make_root, "grub")
     variables = role_vars(root, tmp_path / "log")
