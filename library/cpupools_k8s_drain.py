@@ -35,28 +35,14 @@ options:
     description: Evict pods that no controller recreates (they are deleted for good); refused when false.
     type: bool
     default: false
-  kubeconfig:
-    description: Path of the kubeconfig on the controller. Required unless O(in_cluster=true).
-    type: path
-  context:
-    description: Kubeconfig context; its current context when omitted.
-    type: str
-  in_cluster:
-    description: Use the service account of the pod the controller runs in.
-    type: bool
-    default: false
-  request_timeout:
-    description: Seconds to wait for each API request.
-    type: int
-    default: 30
 attributes:
   check_mode:
     support: full
     description: Sends only GET requests and reports what would be cordoned and evicted.
   diff_mode:
     support: none
-requirements:
-  - kubernetes (Python library) on the controller
+extends_documentation_fragment:
+  - cpupools_kube
 author:
   - cpupools contributors
 """

@@ -65,20 +65,6 @@ options:
     description: Applied state to publish with the layout (kernel, state directory, agent); free-form.
     type: dict
     default: {}
-  kubeconfig:
-    description: Path of the kubeconfig on the controller. Required unless O(in_cluster=true).
-    type: path
-  context:
-    description: Kubeconfig context; its current context when omitted.
-    type: str
-  in_cluster:
-    description: Use the service account of the pod the controller runs in.
-    type: bool
-    default: false
-  request_timeout:
-    description: Seconds to wait for each API request.
-    type: int
-    default: 30
 attributes:
   check_mode:
     support: full
@@ -86,8 +72,8 @@ attributes:
   diff_mode:
     support: full
     description: Shows the node's labels, taints and our capacity before and after.
-requirements:
-  - kubernetes (Python library) on the controller
+extends_documentation_fragment:
+  - cpupools_kube
 author:
   - cpupools contributors
 """
