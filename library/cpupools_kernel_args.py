@@ -155,6 +155,14 @@ pending:
   elements: dict
   returned: always
   sample: [{"arg": "isolcpus", "configured": "managed_irq,domain,1-5", "running": null}]
+not_applied:
+  description: >-
+    Owned arguments on the running command line that the kernel does not apply, according to
+    C(/sys/devices/system/cpu/isolated) and C(nohz_full) (a reboot does not fix these; each is also a warning).
+  type: list
+  elements: dict
+  returned: always
+  sample: [{"arg": "isolcpus", "running": "managed_irq,domain,1-5", "active": ""}]
 update_needed:
   description: >-
     True when a boot configuration file changed and the boot loader update (update-grub, kernel-install
@@ -640,13 +648,11 @@ def execute(module):
                 host.write(result["rel"], result["old_text"])  # roll back: the file must match the boot config
             raise
         changed = changed or update == "always"
-    pending, kernel_warnings = kargs.pending_args(
-        {k: (v[-1] if v else None) for k, v in kargs.owned_values(result["after_line"]).items()},
-        running,
-        isolated,
-        nohz_active,
+    pending, _ = kargs.pending_args(
+        {k: (v[-1] if v else None) for k, v in kargs.owned_values(result["after_line"]).items()}, running
     )
-    warnings += kernel_warnings
+    not_applied = kargs.unapplied_args(running, isolated, nohz_active)
+    warnings += [u["message"] for u in not_applied]
     for warning in warnings:
         module.warn(warning)
     diff = [
@@ -673,6 +679,7 @@ def execute(module):
         "cmdline": {"desired": ours, "configured": result["after_line"], "running": running},
         "reboot_required": bool(pending),
         "pending": pending,
+        "not_applied": [{k: u[k] for k in ("arg", "running", "active")} for u in not_applied],
         "update_needed": update_needed,
         "commands": host.commands,
         "notes": notes,

@@ -328,6 +328,51 @@ def _merged(key: str, values: Sequence[str | None]) -> str | None:
     return format_isolcpus(flags, cpus)
 
 
+def unapplied_args(running_cmdline: str, isolated: str | None = None, nohz_full: str | None = None) -> list[dict]:
+    """Owned arguments on the running command line that the kernel does not apply.
+
+    According to ``/sys/devices/system/cpu/isolated`` (what ``isolcpus`` took
+    out of the scheduler domains: its CPUs when it has the ``domain`` flag or
+    no flag, else none) and ``/sys/devices/system/cpu/nohz_full``. Each entry:
+    ``arg``, ``running`` (the value on the command line), ``active`` (what
+    sysfs shows, compressed), ``message``. A reboot does not fix these.
+    """
+    running = owned_values(running_cmdline)
+    out: list[dict] = []
+    iso_value = _merged("isolcpus", running.get("isolcpus", []))
+    if isolated is not None and iso_value is not None and _normal("isolcpus", iso_value) != ("unparsable", iso_value):
+        flags, cpus = parse_value("isolcpus", iso_value)
+        expect = set(cpus) if ("domain" in flags or not flags) else set()
+        active = set(parse_cpulist(isolated.strip(), "/sys/devices/system/cpu/isolated"))
+        if active != expect:
+            out.append(
+                {
+                    "arg": "isolcpus",
+                    "running": iso_value,
+                    "active": format_cpulist(active),
+                    "message": f"the running kernel was booted with isolcpus={iso_value} but "
+                    f"/sys/devices/system/cpu/isolated shows {format_cpulist(active) or 'none'}: the kernel did "
+                    "not apply it (see dmesg 'Housekeeping')",
+                }
+            )
+    nohz_value = _merged("nohz_full", running.get("nohz_full", []))
+    if nohz_full is not None and nohz_value is not None:
+        text = nohz_full.strip()
+        active = set() if text == "(null)" else set(parse_cpulist(text, "/sys/devices/system/cpu/nohz_full"))
+        if active != set(parse_value("nohz_full", nohz_value)[1]):
+            out.append(
+                {
+                    "arg": "nohz_full",
+                    "running": nohz_value,
+                    "active": format_cpulist(active),
+                    "message": f"the running kernel was booted with nohz_full={nohz_value} but "
+                    f"/sys/devices/system/cpu/nohz_full shows {format_cpulist(active) or 'none'}: the kernel "
+                    "did not apply it",
+                }
+            )
+    return out
+
+
 def pending_args(
     configured: Mapping[str, str | None],
     running_cmdline: str,
@@ -339,38 +384,17 @@ def pending_args(
     ``configured`` maps each owned key to the value the next boot will have
     (``None``: not set). Compared by meaning (``isolcpus=1-3`` equals
     ``isolcpus=domain,1,2,3``). Returns ``(pending, warnings)``; the warnings
-    name arguments the running kernel has on its command line but does not
-    apply, according to ``/sys/devices/system/cpu/{isolated,nohz_full}``
-    (a reboot does not fix those).
+    are the messages of ``unapplied_args`` (arguments the running kernel has
+    on its command line but does not apply; a reboot does not fix those).
     """
     running = owned_values(running_cmdline)
     pending = []
-    warnings: list[str] = []
     for key in OWNED:
         want = configured.get(key)
         have = _merged(key, running.get(key, []))
         if _normal(key, want) != _normal(key, have):
             pending.append({"arg": key, "configured": want, "running": have})
-    iso_value = _merged("isolcpus", running.get("isolcpus", []))
-    if isolated is not None and iso_value is not None and _normal("isolcpus", iso_value) != ("unparsable", iso_value):
-        flags, cpus = parse_value("isolcpus", iso_value)
-        expect = set(cpus) if ("domain" in flags or not flags) else set()
-        active = set(parse_cpulist(isolated.strip(), "/sys/devices/system/cpu/isolated"))
-        if active != expect:
-            warnings.append(
-                f"the running kernel was booted with isolcpus={iso_value} but /sys/devices/system/cpu/isolated "
-                f"shows {format_cpulist(active) or 'none'}: the kernel did not apply it (see dmesg 'Housekeeping')"
-            )
-    nohz_value = _merged("nohz_full", running.get("nohz_full", []))
-    if nohz_full is not None and nohz_value is not None:
-        text = nohz_full.strip()
-        active = set() if text == "(null)" else set(parse_cpulist(text, "/sys/devices/system/cpu/nohz_full"))
-        if active != set(parse_value("nohz_full", nohz_value)[1]):
-            warnings.append(
-                f"the running kernel was booted with nohz_full={nohz_value} but /sys/devices/system/cpu/nohz_full "
-                f"shows {format_cpulist(active) or 'none'}: the kernel did not apply it"
-            )
-    return pending, warnings
+    return pending, [u["message"] for u in unapplied_args(running_cmdline, isolated, nohz_full)]
 
 
 # Command line editing (/etc/kernel/cmdline, projections) --------------------------

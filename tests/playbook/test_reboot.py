@@ -30,7 +30,9 @@ def cluster():
         yield kube
 
 
-def fleet(tmp_path: Path, kube: FakeKube, broken: str | None = None) -> tuple[str, dict[str, Path]]:
+def fleet(
+    tmp_path: Path, kube: FakeKube, broken: str | None = None, how: str = "--broken"
+) -> tuple[str, dict[str, Path]]:
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube.url, token="tok")
     roots = {}
     lines = ["all:", "  children:", "    cpupools_nodes:", "      hosts:"]
@@ -38,7 +40,7 @@ def fleet(tmp_path: Path, kube: FakeKube, broken: str | None = None) -> tuple[st
         root = tmp_path / node
         write_tree(str(root), CORPUS["1s8c-smt2"])
         roots[node] = root
-        boot = [sys.executable, str(REPO / "tests/fixtures/fake_boot.py")] + (["--broken"] if node == broken else [])
+        boot = [sys.executable, str(REPO / "tests/fixtures/fake_boot.py")] + ([how] if node == broken else [])
         lines += [
             f"        {node}:",
             "          ansible_connection: local",
@@ -99,6 +101,18 @@ def test_rollout_stops_at_the_first_node_that_fails_verification(playbook, tmp_p
     assert "isolcpus=" not in (roots["node-3"] / "proc/cmdline").read_text()
     assert not unschedulable(cluster, "node-3")
     assert not any(r.path.endswith("/node-3") and r.method == "PATCH" for r in cluster.writes())
+
+
+def test_a_kernel_that_does_not_apply_its_arguments_fails_verification(playbook, tmp_path, cluster):
+    inventory, roots = fleet(tmp_path, cluster, broken="node-1", how="--ignored")
+    res = playbook(REPO / "playbooks/reboot.yml", None, inventory=inventory)
+    assert res.rc != 0
+    message = res.messages()
+    assert "host node-1: after the reboot the running kernel does not match the plan" in message
+    assert "still pending: none; on the command line but not applied: isolcpus, nohz_full" in message
+    assert "isolcpus=" in (roots["node-1"] / "proc/cmdline").read_text()
+    assert unschedulable(cluster, "node-1")
+    assert "isolcpus=" not in (roots["node-2"] / "proc/cmdline").read_text()
 
 
 def test_sandbox_without_stand_in_is_refused(playbook, tmp_path):
