@@ -41,5 +41,5 @@ step "tests"
 # selected" (a -k filter that matches no scenario), not a failure.
 step "molecule scenarios"
 rc=0
-"$bin/python" -m pytest -p no:xdist -m molecule -rs "$@" || rc=$?
+"$bin/python" -m pytest -p no:xdist -m molecule -rs --durations=0 "$@" || rc=$?
 [ "$rc" = 0 ] || [ "$rc" = 5 ] || exit "$rc"
