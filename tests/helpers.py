@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -127,7 +126,3 @@ def tree_snapshot(root: Path) -> dict[str, tuple[str, int]]:
             st = path.stat()
             out[str(path.relative_to(root))] = (path.read_bytes().hex()[:4096], st.st_mtime_ns)
     return out
-
-
-def which(cmd: str) -> str | None:
-    return shutil.which(cmd)
