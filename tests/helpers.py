@@ -5,6 +5,7 @@ The fixtures that use them are in tests/conftest.py (a test imports from
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -119,10 +120,10 @@ def run_playbook(
 
 
 def tree_snapshot(root: Path) -> dict[str, tuple[str, int]]:
-    """``relative path -> (sha-less content repr, mtime_ns)`` of every file under root."""
+    """``relative path -> (sha256 of the content, mtime_ns)`` of every file under root."""
     out = {}
     for path in sorted(Path(root).rglob("*")):
         if path.is_file() and not path.is_symlink():
             st = path.stat()
-            out[str(path.relative_to(root))] = (path.read_bytes().hex()[:4096], st.st_mtime_ns)
+            out[str(path.relative_to(root))] = (hashlib.sha256(path.read_bytes()).hexdigest(), st.st_mtime_ns)
     return out

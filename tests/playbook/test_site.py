@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 from helpers import REPO, tree_snapshot
 
@@ -24,7 +26,7 @@ def outputs(tmp_path):
     """Everything site.yml wrote: the sandbox root and the report."""
     snap = tree_snapshot(tmp_path / "sandbox") if (tmp_path / "sandbox").exists() else {}
     report = tmp_path / "report.html"
-    snap["report.html"] = (report.read_bytes().hex()[:4096], report.stat().st_mtime_ns)
+    snap["report.html"] = (hashlib.sha256(report.read_bytes()).hexdigest(), report.stat().st_mtime_ns)
     return snap
 
 
