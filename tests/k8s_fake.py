@@ -206,25 +206,20 @@ def apply_json_patch(doc: object, ops: object) -> object:
 
 
 def apply_merge_patch(target: object, patch: object) -> object:
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    result = copy.deepcopy(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = apply_merge_patch(result.get(key), value)
-    return result
+    """RFC 7386: a strategic merge patch with no list merged by key."""
+    return apply_strategic_patch(target, patch, keys={})
 
 
 # Lists merged by key under strategic merge patch (the fields we use).
 STRATEGIC_KEYS = {("spec", "taints"): "key"}
 
 
-def apply_strategic_patch(target: object, patch: object, where: tuple[str, ...] = ()) -> object:
+def apply_strategic_patch(
+    target: object, patch: object, where: tuple[str, ...] = (), keys: dict = STRATEGIC_KEYS
+) -> object:
     if not isinstance(patch, dict):
-        if isinstance(patch, list) and where in STRATEGIC_KEYS and isinstance(target, list):
-            key = STRATEGIC_KEYS[where]
+        if isinstance(patch, list) and where in keys and isinstance(target, list):
+            key = keys[where]
             out = copy.deepcopy(target)
             for item in patch:
                 if not isinstance(item, dict):
@@ -239,7 +234,7 @@ def apply_strategic_patch(target: object, patch: object, where: tuple[str, ...] 
         if value is None:
             result.pop(key, None)
         else:
-            result[key] = apply_strategic_patch(result.get(key), value, (*where, key))
+            result[key] = apply_strategic_patch(result.get(key), value, (*where, key), keys)
     return result
 
 
