@@ -268,6 +268,8 @@ def test_cmk_proc_fs_gives_the_host_pid(cmk, state_dir, tmp_path):
     (proc / "self").mkdir(parents=True)
     fields = ["S", "1"] + ["0"] * 17 + ["555"] + ["0"] * 30
     (proc / "self" / "stat").write_text("424242 (cmk isolate) " + " ".join(fields) + "\n")
+    (proc / "1").mkdir()  # the host's init is visible: no hidepid
+    (proc / "1" / "stat").write_text("1 (init) " + " ".join(fields) + "\n")
     conf = state_dir(PLAN_2X)
     tasks = conf / "pools/exclusive/0/1/tasks"
     res = run(
@@ -320,9 +322,18 @@ def test_lock_timeout_and_corrupt_state(cmk, state_dir):
     finally:
         os.close(holder)
     (conf / "pools/exclusive/0/1/tasks").write_text("1,two")
-    for args in (["isolate", "--pool=exclusive", "true"], ["reconcile"], ["describe"]):
-        res = run(cmk, *args[:1], f"--conf-dir={conf}", *args[1:])
-        assert res.returncode == 78 and "state is corrupt" in res.stderr and "1,two" in res.stderr
+    # A damaged list is never handed out, and reported without its content; the others keep working.
+    res = run(cmk, "isolate", f"--conf-dir={conf}", "--pool=exclusive", "--", "sh", "-c", "echo $CMK_CPUS_ASSIGNED")
+    assert (res.returncode, res.stdout, res.stderr) == (0, "0\n", "")
+    for sub in ("reconcile", "describe"):
+        res = run(cmk, sub, f"--conf-dir={conf}")
+        assert res.returncode == 0, res.stderr
+        damaged = f"{conf}/pools/exclusive/0/1/tasks holds something else; expected comma-separated PIDs"
+        assert res.stderr == f"cmk {sub}: skipped: {damaged}\n"
+        assert "two" not in res.stdout + res.stderr
+    assert "1" not in json.loads(res.stdout)["pools"]["exclusive"]["cpuLists"]
+    res = run(cmk, "isolate", f"--conf-dir={conf}", "--pool=exclusive", "true", env=agent_env(CMK_NUM_CORES="2"))
+    assert res.returncode == 75 and res.stderr.endswith("pool exclusive: 2 requested, 1 free of 2\n")
 
 
 def test_describe_is_cmk_json(cmk, state_dir):
