@@ -329,7 +329,7 @@ def _read_text(path: str, dir_fd: int | None = None, limit: int = MAX_TASKS_BYTE
             raise StateError(f"state is corrupt: {path} is {kind}")
         if info.st_nlink != 1:
             raise StateError(f"state is corrupt: {path} has {info.st_nlink} hard links (expected 1)")
-        data = os.read(fd, limit + 1)
+        data = os.read(fd, min(info.st_size, limit) + 1)  # one more: a file that grew beyond the limit
     finally:
         os.close(fd)
     if len(data) > limit:
