@@ -403,7 +403,7 @@ def test_sigkill_of_isolate_takes_the_workload_with_it(cmk, state_dir, tmp_path)
             "sh",
             "-c",
             f"echo $$ > {pidfile}.t; mv {pidfile}.t {pidfile}; exec sleep 60",
-        ],  # noqa: E501
+        ],
         env=agent_env(),
         start_new_session=True,
     )
