@@ -31,8 +31,8 @@ def reconcile_pass(
     The state is scanned without the lock; only the lists with something to
     remove are then re-read and written under the lock, a few at a time
     (``BATCH_SECONDS``), so isolates never wait long however big the state.
-    Under the lock a PID is removed only if it still has the start time seen in
-    the scan and is still dead, so an isolate that took the list meanwhile
+    Under the lock a PID is removed only if it is still recorded with the
+    start time seen in the scan, so an isolate that took the list meanwhile
     keeps it. Also under the lock: temporary files of killed writers and
     markers whose PID is not in ``tasks`` are removed.
 
@@ -90,7 +90,7 @@ def reconcile_pass(
                 i += 1
                 fresh = st.CpuList(cl.pool, cl.socket, cl.cpus, cl.path)
                 try:
-                    removed = _reclaim_list(fresh, dead, proc_fs)
+                    removed = _reclaim_list(fresh, dead)
                 except StateError as exc:
                     if os.path.isdir(cl.path):  # gone: the module rewrote the layout meanwhile
                         strays.append(str(exc).removeprefix("state is corrupt: "))
@@ -109,18 +109,16 @@ def reconcile_pass(
     return reclaimed, sizes
 
 
-def _reclaim_list(cl: st.CpuList, dead: set[tuple[int, int | None]], proc_fs: str) -> list[int]:
-    """Under the lock: drop the PIDs of ``dead`` still recorded (same start, still dead); clean leftovers."""
+def _reclaim_list(cl: st.CpuList, dead: set[tuple[int, int | None]]) -> list[int]:
+    """Under the lock: drop the PIDs of ``dead`` still recorded with the same start; clean leftovers."""
     dfd = st.open_dir(cl.path)
     try:
         names = os.listdir(dfd)
         tasks = cl.tasks
         cl._starts = st.parse_start_markers(names)
-        removed = [
-            pid
-            for pid in tasks
-            if (pid, cl.starts.get(pid)) in dead and not st.task_alive(proc_fs, pid, cl.starts.get(pid))
-        ]
+        # Same PID and same recorded start as when found dead: the same dead process (an isolate
+        # that took the PID since would have written its own start marker), no /proc read needed.
+        removed = [pid for pid in tasks if (pid, cl.starts.get(pid)) in dead]
         for name in names:
             if st.is_temporary(name):
                 try:  # noqa: SIM105 - contextlib costs ~1 ms of start-up
