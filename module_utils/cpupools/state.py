@@ -503,18 +503,22 @@ def read_handout_order(conf_dir: str, pool: str) -> list[str]:
     """The plan's hand-out order for ``pool`` from ``<conf>/cpupools.order`` (``[]`` when absent).
 
     A plain text file rather than ``cpupools.json`` because importing ``json``
-    (and ``re`` with it) would cost ``cmk isolate`` several milliseconds.
+    (and ``re`` with it) would cost ``cmk isolate`` several milliseconds. Read
+    like every state file (no symlink, no FIFO, a regular file).
     """
+    path = os.path.join(conf_dir, ORDER)
+    if not os.path.lexists(path):
+        return []
     try:
-        with open(os.path.join(conf_dir, ORDER), encoding="ascii") as handle:
-            for line in handle:
-                fields = line.split()
-                if fields and fields[0] == pool:
-                    return fields[1:]
-    except FileNotFoundError:
-        pass
-    except (OSError, UnicodeDecodeError):
-        raise StateError(f"state is corrupt: {os.path.join(conf_dir, ORDER)} is not readable text") from None
+        text = _read_text(path)
+    except StatePermissionError:
+        raise
+    except StateError:
+        raise StateError(f"state is corrupt: {path} is not readable text") from None
+    for line in text.splitlines():
+        fields = line.split()
+        if fields and fields[0] == pool:
+            return fields[1:]
     return []
 
 

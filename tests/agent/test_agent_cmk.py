@@ -480,6 +480,7 @@ def test_stray_entries_are_reported_and_ignored(cmk, state_dir):
         (lambda c: (os.unlink(c / "lock"), os.symlink("/etc/passwd", c / "lock")), 78, "lock is not a regular file"),
         (lambda c: (shutil.rmtree(c / "pools"), (c / "pools").write_text("")), 78, "pools is not a directory"),
         (lambda c: (os.unlink(c / "cpupools.order"), os.mkdir(c / "cpupools.order")), 78, "is not readable text"),
+        (lambda c: (os.unlink(c / "cpupools.order"), os.mkfifo(c / "cpupools.order")), 78, "is not readable text"),
     ],
 )
 def test_damaged_state_gives_a_clear_line_and_its_status(cmk, state_dir, damage, status, message):
