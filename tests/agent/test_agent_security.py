@@ -286,3 +286,17 @@ def test_own_pid_namespace_refuses_to_record_or_reclaim(world):
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_the_module_repairs_a_world_readable_lock_and_says_so(world):
+    """States installed before the lock model have a 0644 lock: the next module run fixes it, then changes nothing."""
+    conf, lock = world["conf"], world["conf"] / "lock"
+    os.chown(lock, 0, 0)
+    lock.chmod(0o644)
+    check = sw.converge(str(conf), PLAN_2X, task_gid=world["group"], check_mode=True)
+    assert check["changed"] is True and lock.stat().st_mode & 0o7777 == 0o644  # predicted, not done
+    assert sw.converge(str(conf), PLAN_2X, task_gid=world["group"])["changed"] is True
+    assert (lock.stat().st_mode & 0o7777, lock.stat().st_gid) == (0o640, world["group"])
+    assert sw.converge(str(conf), PLAN_2X, task_gid=world["group"])["changed"] is False
+    res = as_user(world, "outsider", [world["cmk"], "describe", f"--conf-dir={conf}"])
+    assert res.returncode == 77
