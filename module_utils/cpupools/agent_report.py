@@ -92,7 +92,8 @@ def reconcile_pass(
                 try:
                     removed = _reclaim_list(fresh, dead)
                 except StateError as exc:
-                    if os.path.isdir(cl.path):  # gone: the module rewrote the layout meanwhile
+                    # Still there: damaged. Gone: the module dropped it meanwhile, nothing to say.
+                    if os.path.isdir(cl.path):
                         strays.append(str(exc).removeprefix("state is corrupt: "))
                         damaged.add(cl.path)
                     continue
