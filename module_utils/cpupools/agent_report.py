@@ -44,7 +44,10 @@ def reconcile_pass(
     """
     import time
 
-    own = st.read_proc_stat(proc_fs, "self")
+    try:
+        own = st.read_proc_stat(proc_fs, "self")
+    except PermissionError:
+        own = None
     if own is None:
         raise UsageError(f"CMK_PROC_FS={proc_fs!r}: {proc_fs}/self/stat is not readable; mount the host /proc there")
     problem = st.proc_view_problem(proc_fs, own[0])
