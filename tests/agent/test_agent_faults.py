@@ -17,7 +17,7 @@ import shutil
 import subprocess
 
 import pytest
-from agent_support import PLAN_2X, agent_env, tasks_of, write_plan_state
+from agent_support import PLAN_1X, PLAN_2X, agent_env, tasks_of, write_plan_state
 from cpupools import state as st
 
 pytestmark = pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace")
@@ -67,48 +67,73 @@ def holder():
     proc.wait()
 
 
-def state_with(conf, live, dead_on_1: bool):
+def state_with(conf, live, dead: bool):
+    """PLAN_2X with the live holder on exclusive "0"; with ``dead``, also dead entries beside it and on "1".
+
+    A dead PID beside the live one makes reconcile rewrite the live holder's
+    own list: a write that is not atomic would lose it.
+    """
     pid, start = live
-    tasks = {"exclusive": {"0": {"0": [pid], "1": [DEAD] if dead_on_1 else []}}}
-    starts = {pid: start, DEAD: 12345} if dead_on_1 else {pid: start}
+    tasks = {"exclusive": {"0": {"0": [pid, DEAD + 1] if dead else [pid], "1": [DEAD] if dead else []}}}
+    starts = {pid: start, DEAD: 12345, DEAD + 1: 12346} if dead else {pid: start}
     return write_plan_state(conf, PLAN_2X, tasks, starts)
 
 
-def assert_recovered(cmk, conf, live) -> None:
+def shared_state_with(conf, live):
+    """PLAN_1X with the live holder on the shared list "0": isolate --pool=shared rewrites that list twice."""
+    pid, start = live
+    return write_plan_state(conf, PLAN_1X, {"shared": {"0": {"0": [pid]}}}, {pid: start})
+
+
+def assert_recovered(cmk, conf, live, pool: str = "exclusive", free: str = "1", held: str = "0") -> None:
     """The next isolate works; then reconcile leaves the live holder and nothing else."""
     pid, start = live
-    run = [cmk, "isolate", f"--conf-dir={conf}", "--pool=exclusive", "--no-affinity", "--", "sh", "-c"]
+    run = [cmk, "isolate", f"--conf-dir={conf}", f"--pool={pool}", "--no-affinity", "--", "sh", "-c"]
     res = subprocess.run([*run, "echo $CMK_CPUS_ASSIGNED"], env=agent_env(), capture_output=True, text=True)
-    assert (res.returncode, res.stdout) == (0, "1\n"), res.stderr
+    assert (res.returncode, res.stdout) == (0, f"{free if pool == 'exclusive' else held}\n"), res.stderr
     res = subprocess.run([cmk, "reconcile", f"--conf-dir={conf}"], env=agent_env(), capture_output=True, text=True)
     assert res.returncode == 0 and res.stderr == "", res.stderr
-    assert tasks_of(conf) == {"0": [pid], "1": []}
-    assert sorted(os.listdir(conf / "pools/exclusive/0/0")) == sorted(["tasks", f"task.{pid}.{start}"])
-    assert os.listdir(conf / "pools/exclusive/0/1") == ["tasks"]
+    lists = {held: [pid], free: []} if pool == "exclusive" else {held: [pid]}
+    assert tasks_of(conf, pool) == lists
+    assert sorted(os.listdir(conf / f"pools/{pool}/0/{held}")) == sorted(["tasks", f"task.{pid}.{start}"])
+    if pool == "exclusive":
+        assert os.listdir(conf / f"pools/{pool}/0/{free}") == ["tasks"]
 
 
 def test_isolate_killed_at_every_call_of_its_write_path(cmk, tmp_path, holder):
     argv = lambda conf: [cmk, "isolate", f"--conf-dir={conf}", "--pool=exclusive", "--no-affinity", "--", "true"]  # noqa: E731
-    conf = state_with(tmp_path / "traced", holder, dead_on_1=False)
+    conf = state_with(tmp_path / "traced", holder, dead=False)
     points = write_path_calls(argv(conf), str(tmp_path / "trace"))
     names = [name for name, _ in points]
     assert names.count("renameat") == 2 and names.count("flock") == 4  # take and give back, each under the lock
     for i, (name, nth) in enumerate(points):
-        conf = state_with(tmp_path / f"k{i}", holder, dead_on_1=False)
+        conf = state_with(tmp_path / f"k{i}", holder, dead=False)
         assert killed_at(argv(conf), name, nth) in (-9, 137), (name, nth)
         assert_recovered(cmk, conf, holder)
         shutil.rmtree(conf)
 
 
+def test_shared_isolate_killed_at_every_call_keeps_the_other_holder(cmk, tmp_path, holder):
+    argv = lambda conf: [cmk, "isolate", f"--conf-dir={conf}", "--pool=shared", "--no-affinity", "--", "true"]  # noqa: E731
+    conf = shared_state_with(tmp_path / "traced", holder)
+    points = write_path_calls(argv(conf), str(tmp_path / "trace"))
+    assert [name for name, _ in points].count("renameat") == 2
+    for i, (name, nth) in enumerate(points):
+        conf = shared_state_with(tmp_path / f"k{i}", holder)
+        assert killed_at(argv(conf), name, nth) in (-9, 137), (name, nth)
+        assert_recovered(cmk, conf, holder, pool="shared")
+        shutil.rmtree(conf)
+
+
 def test_reconcile_killed_at_every_call_of_its_write_path(cmk, tmp_path, holder):
     argv = lambda conf: [cmk, "reconcile", f"--conf-dir={conf}"]  # noqa: E731
-    conf = state_with(tmp_path / "traced", holder, dead_on_1=True)
+    conf = state_with(tmp_path / "traced", holder, dead=True)
     (conf / "pools/exclusive/0/1/.tasks.0123456789ab.tmp").write_text("left by a killed isolate")
     points = write_path_calls(argv(conf), str(tmp_path / "trace"))
     names = [name for name, _ in points]
-    assert "renameat" in names and names.count("unlinkat") >= 2  # tasks, the temporary file and the marker
+    assert names.count("renameat") == 2 and names.count("unlinkat") >= 3  # both lists; temp file, markers
     for i, (name, nth) in enumerate(points):
-        conf = state_with(tmp_path / f"k{i}", holder, dead_on_1=True)
+        conf = state_with(tmp_path / f"k{i}", holder, dead=True)
         (conf / "pools/exclusive/0/1/.tasks.0123456789ab.tmp").write_text("left by a killed isolate")
         assert killed_at(argv(conf), name, nth) in (-9, 137), (name, nth)
         assert_recovered(cmk, conf, holder)
