@@ -163,11 +163,26 @@ def test_a_node_without_status_capacity(playbook, fake, kubeconfig, make_plan):
 
 def test_drain_respects_pdbs_skips_daemonsets_and_uncordons(playbook, fake, kubeconfig):
     fake.add_pod("shop", "web-1", "node-1", owner="ReplicaSet")
-    fake.add_pod("shop", "db-0", "node-1", owner="StatefulSet")
+    fake.add_pod("shop", "db-0", "node-1", owner="StatefulSet", labels={"app": "db"})
+    fake.add_pod("shop", "db-1", "node-2", owner="StatefulSet", labels={"app": "db"})
+    fake.add_pod("shop", "db-2", "node-2", owner="StatefulSet", labels={"app": "db"}, ready=False)
+    fake.add_pdb("shop", "db-budget", {"app": "db"}, min_available=2)
+    # Not running yet: its budget does not count it, it is evicted at once.
+    fake.add_pod(
+        "shop", "cache-0", "node-1", owner="StatefulSet", labels={"app": "cache"}, phase="Pending", ready=False
+    )
+    fake.add_pdb("shop", "cache-budget", {"app": "cache"}, min_available=1)
     fake.add_pod("kube-system", "proxy-x", "node-1", owner="DaemonSet")
     fake.add_pod("kube-system", "etcd-node-1", "node-1", mirror=True)
     fake.add_pod("shop", "web-2", "node-2", owner="ReplicaSet")
-    fake.block_eviction("shop", "db-0", 2)
+    tries = []
+
+    def db_2_ready_on_the_third_try():
+        tries.append(1)
+        if len(tries) == 3:
+            fake.set_pod("shop", "db-2", ready=True)
+
+    fake.before("POST", r"/pods/db-0/eviction$", db_2_ready_on_the_third_try, times=-1)
     fake.evict_linger = 1
     args = {"node_name": "node-1", "kubeconfig": str(kubeconfig), "poll_interval": 0.1, "timeout": 30}
     check = playbook(DRAIN_PLAY, {"args": args}, "--check")
@@ -176,11 +191,22 @@ def test_drain_respects_pdbs_skips_daemonsets_and_uncordons(playbook, fake, kube
     assert res.rc == 0, res.stdout
     out = res.result("Drain")
     assert out["cordoned"] and out["blocked_retries"] == 2
-    assert out["evicted"] == [{"namespace": "shop", "name": "db-0"}, {"namespace": "shop", "name": "web-1"}]
+    assert out["evicted"] == [
+        {"namespace": "shop", "name": "cache-0"},
+        {"namespace": "shop", "name": "db-0"},
+        {"namespace": "shop", "name": "web-1"},
+    ]
     assert fake.nodes["node-1"]["spec"]["unschedulable"] is True
-    assert set(fake.pods) == {("kube-system", "proxy-x"), ("kube-system", "etcd-node-1"), ("shop", "web-2")}
+    assert set(fake.pods) == {
+        ("kube-system", "proxy-x"),
+        ("kube-system", "etcd-node-1"),
+        ("shop", "web-2"),
+        ("shop", "db-1"),
+        ("shop", "db-2"),
+    }
     evictions = [r for r in fake.writes() if r.path.endswith("/eviction")]
     assert {r.body["apiVersion"] for r in evictions} == {"policy/v1"}
+    assert [r.path.split("/")[-2] for r in evictions].count("cache-0") == 1
     assert playbook(DRAIN_PLAY, {"args": args}).changed() == 0
     up = playbook(DRAIN_PLAY, {"args": dict(args, state="uncordoned")})
     assert up.rc == 0 and up.changed() == 1 and "unschedulable" not in fake.nodes["node-1"]["spec"]
@@ -188,8 +214,8 @@ def test_drain_respects_pdbs_skips_daemonsets_and_uncordons(playbook, fake, kube
 
 
 def test_drain_times_out_naming_the_blocked_pod_and_refuses_bare_pods(playbook, fake, kubeconfig):
-    fake.add_pod("shop", "db-0", "node-1", owner="StatefulSet")
-    fake.block_eviction("shop", "db-0", 1000)
+    fake.add_pod("shop", "db-0", "node-1", owner="StatefulSet", labels={"app": "db"})
+    fake.add_pdb("shop", "db-budget", {"app": "db"}, min_available=1)
     args = {"node_name": "node-1", "kubeconfig": str(kubeconfig), "poll_interval": 0.2, "timeout": 1}
     res = playbook(DRAIN_PLAY, {"args": args})
     assert res.rc != 0
