@@ -91,6 +91,10 @@ def test_another_node_name_is_forbidden_to_the_kubelet_credentials(tls_fake, kub
     tls_fake.add_node("node-7")
     report = readvertise(str(kubelet_conf), "node-7", {EXCL: 6})
     assert "node 'node-7' on API server " + tls_fake.url in report["error"] and "403" in report["error"]
+    assert (
+        "the credentials of the kubelet of node 'node-1', which may read and patch only its own Node" in report["error"]
+    )
+    assert "see docs/kubernetes.md" not in report["error"]  # not the controller's RBAC list: it would mislead
     assert tls_fake.writes() == []
 
 
