@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from cpupools.k8s import layout_crd
+from cpupools.k8s import desired_node, layout_crd
 from cpupools.k8s_advertise import Credentials, stdlib_transport
-from cpupools.k8s_apply import Api, ApiStatus, ensure_crd
+from cpupools.k8s_apply import Api, ApiStatus, ensure_crd, ensure_node
 from k8s_support import TOKEN
 
 NAME = "cpupoollayouts.cpupools.io"
@@ -59,3 +59,11 @@ def test_an_established_crd_is_unchanged_after_one_read(fake, api):
     assert [(r.method, r.path) for r in fake.requests] == [
         ("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{NAME}")
     ]
+
+
+def test_a_422_that_is_not_a_conflict_is_reported_after_one_read(fake, api, make_plan):
+    # The node did not move since our read, so the 422 is the server refusing the change itself.
+    fake.fail("PATCH", r"^/api/v1/nodes/node-1$", 422, 'Node "node-1" is invalid: metadata.labels: Invalid value')
+    with pytest.raises(ApiStatus, match=r'failed with 422: Node "node-1" is invalid: metadata.labels'):
+        ensure_node(api, desired_node(make_plan()), check_mode=False)
+    assert [r.method for r in fake.requests] == ["GET", "PATCH", "GET"]
