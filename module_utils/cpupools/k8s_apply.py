@@ -10,9 +10,10 @@ the node agent passes one built on ``http.client`` (``k8s_advertise``).
 Every write is guarded: node patches carry a JSON-patch ``test`` of the
 resourceVersion that was read, custom objects are replaced with their
 resourceVersion, the CRD is merge-patched with its resourceVersion (only the
-fields cpupools owns: others' labels and annotations stay). A 409 (or a failed ``test``: a 422 after which the node's
-resourceVersion has moved) means someone else wrote in between: read again,
-recompute, retry. In check mode only reads are sent.
+fields cpupools owns: others' labels and annotations stay). A 409 (or a
+failed ``test``: a 422 after which the node's resourceVersion has moved)
+means someone else wrote in between: read again, recompute, retry. In check
+mode only reads are sent.
 """
 
 from __future__ import annotations
@@ -161,13 +162,14 @@ def ensure_node(api: Api, wants: NodeWants, check_mode: bool) -> dict:
         if code == 200:
             sent.append({"path": path + sub, "patch": ops})
             node = body
-        elif code in (409, 422) and (fresh := _reread_if_conflict(api, path, code, ops)) is not None:
+        else:
+            fresh = _reread_if_conflict(api, path, code, ops) if code in (409, 422) else None
+            if fresh is None:
+                raise failure(code, body, "PATCH", path + sub, api.node, api.server)
             conflicts += 1
             if conflicts >= api.attempts:
                 raise api.conflict_error("the node")
             node = fresh
-        else:
-            raise failure(code, body, "PATCH", path + sub, api.node, api.server)
         changes = node_changes(node, wants)
     else:
         raise ApiStatus(
