@@ -214,13 +214,21 @@ def test_a_crd_update_keeps_what_other_owners_put_on_it(playbook, fake, kubeconf
     assert len(fake.writes()) == writes
 
 
-def test_a_node_without_status_capacity(playbook, fake, kubeconfig, make_plan):
-    fake.add_node("node-2", with_capacity=False)
-    res = playbook(
-        NODE_PLAY, {"args": dict(node_args(kubeconfig, make_plan(), publish=False)["args"], node_name="node-2")}
-    )
+def test_a_just_registered_node_without_status_capacity(playbook, fake, kubeconfig, make_plan):
+    fake.add_node("node-2", with_capacity=False, ready=False)  # still carries node.kubernetes.io/not-ready
+    args = {"args": dict(node_args(kubeconfig, make_plan(), publish=False)["args"], node_name="node-2")}
+    res = playbook(NODE_PLAY, args)
     assert res.rc == 0, res.stdout
-    assert fake.nodes["node-2"]["status"]["capacity"] == {EXCL: "6"}
+    node = fake.nodes["node-2"]
+    assert node["status"]["capacity"] == {EXCL: "6"}
+    assert node["status"]["allocatable"] == {EXCL: "6"}  # the server copies a capacity set without allocatable
+    assert [(t["key"], t["effect"]) for t in node["spec"]["taints"]] == [
+        ("node.kubernetes.io/not-ready", "NoSchedule"),
+        ("cmk", "NoSchedule"),
+    ]
+    writes = len(fake.writes())
+    again = playbook(NODE_PLAY, args)
+    assert again.rc == 0 and again.changed() == 0 and len(fake.writes()) == writes
 
 
 def test_drain_respects_pdbs_skips_daemonsets_and_uncordons(playbook, fake, kubeconfig):
