@@ -425,7 +425,11 @@ def validate_node(node: dict) -> None:
             raise ApiError(422, f'{where}.key: Invalid value: "{taint["key"]}": {why}')
         value = taint.get("value") or ""
         if len(value) > 63 or not _LABEL_VALUE.match(value):
-            raise ApiError(422, f'{where}.value: Invalid value: "{value}": a valid label must be an empty string ...')
+            raise ApiError(
+                422,
+                f'{where}.value: Invalid value: "{value}": a valid label must be an empty string or consist of '
+                "alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character",
+            )
         if taint.get("effect") not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
             raise ApiError(
                 422,

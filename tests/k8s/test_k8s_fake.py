@@ -149,6 +149,8 @@ def test_strategic_merge_replaces_the_taint_list(kube):
         ({"metadata": {"labels": {"tier": "gold!"}}}, 'metadata.labels: Invalid value: "gold!"'),
         ({"metadata": {"labels": {"bad key": "x"}}}, 'metadata.labels: Invalid value: "bad key"'),
         ({"spec": {"taints": [{"key": "bad key", "effect": "NoSchedule"}]}}, "spec.taints[0].key: Invalid value"),
+        ({"spec": {"taints": [{"key": "a", "value": "b c", "effect": "NoSchedule"}]}}, "spec.taints[0].value: Invalid"),
+        ({"spec": {"taints": [{"key": "a", "effect": "NoRun"}]}}, 'spec.taints[0].effect: Unsupported value: "NoRun"'),
         ({"status": {"capacity": {"example.com/cores": "1.5"}}}, "must be an integer"),
         ({"status": {"capacity": {"example.com/cores": "500m"}}}, "must be an integer"),
     ],
