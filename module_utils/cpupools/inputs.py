@@ -411,6 +411,11 @@ INTERNAL = frozenset(
         "agent_unit_dir",
         "agent_dest",
         "agent_units_dest",
+        "agent_units",
+        "agent_timer",
+        "agent_timer_file",
+        "agent_timer_predicted",
+        "k8s_drain_result",
         "k8s_status",
         "k8s_node_result",
         "k8s_skip_reason",
@@ -454,10 +459,9 @@ PLAN_KEYS = (
 
 
 def closest_name(name: str) -> str | None:
-    """The known variable a misspelt ``cpupools_*`` name most likely meant."""
-    known = [PREFIX + n for n in SPEC]
-    match = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
-    return match[0] if match else None
+    """The known variable a misspelt ``cpupools_*`` name most likely meant (compared without the prefix)."""
+    match = difflib.get_close_matches(name.removeprefix(PREFIX), list(SPEC), n=1, cutoff=0.6)
+    return PREFIX + match[0] if match else None
 
 
 def unknown_variables(raw: Mapping[str, object]) -> list[str]:
