@@ -127,7 +127,7 @@ def main():
         topology = gather_topology(check_facts_root(root))
     except CpupoolsError as exc:
         where = [f"host {module.params['host']}"] if module.params["host"] else []
-        module.fail_json(msg=": ".join([*where, module.params["variable"], f"{root}: {exc}"]))
+        module.fail_json(msg=": ".join([*where, module.params["variable"], f"{root!r}: {exc}"]))
     module.exit_json(changed=False, ansible_facts={"cpupools": topology.to_facts()})
 
 
