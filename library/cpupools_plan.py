@@ -24,9 +24,12 @@ description:
 version_added: "0.1.0"
 options:
   topology:
-    description: The facts from M(cpupools_facts) (C(ansible_facts.cpupools)).
+    description:
+      - The facts from M(cpupools_facts) (C(ansible_facts.cpupools)).
+      - Without it (only with O(inputs)) the module only checks the inputs and
+        returns no plan; cpulists are then bounded by 65536 CPUs instead of
+        the host's possible CPUs. C(playbooks/uninstall.yml) does that.
     type: dict
-    required: true
   host:
     description: Name of the host, used in error messages.
     type: str
@@ -108,7 +111,7 @@ EXAMPLES = r"""
 RETURN = r"""
 plan:
   description: The pool layout.
-  returned: success
+  returned: success, when topology is given
   type: dict
   contains:
     version:
@@ -191,7 +194,7 @@ REQUEST_OPTIONS = (
 )
 
 ARGUMENT_SPEC = {
-    "topology": {"type": "dict", "required": True},
+    "topology": {"type": "dict"},
     "host": {"type": "str"},
     "num_exclusive_cores": {"type": "raw", "default": 4},
     "num_shared_cores": {"type": "raw", "default": 1},
@@ -216,22 +219,27 @@ def main():
     for warning in unknown_variables(params["inputs"] or {}):
         module.warn(f"host {params['host']}: {warning}" if params["host"] else warning)
     try:
-        topology = Topology.from_facts(params["topology"])
+        topology = None if params["topology"] is None else Topology.from_facts(params["topology"])
         if params["inputs"] is None:
+            if topology is None:
+                module.fail_json(msg="cpupools_plan: give topology, inputs, or both")
             request = make_request({key: params[key] for key in REQUEST_OPTIONS})
         else:
-            possible = max([*topology.cpus, *topology.offline]) + 1
+            possible = None if topology is None else max([*topology.cpus, *topology.offline]) + 1
             checked = validate_inputs(params["inputs"], possible_cpus=possible)
             check_root(checked.values["root"])
             check_group(checked.values["task_group"])
             request = make_request(checked.request())
             result["inputs"] = checked.values
-        plan = plan_pools(topology, request)
+        if topology is not None:
+            plan = plan_pools(topology, request)
+            result["plan"] = plan
+            warnings += plan["warnings"]
     except CpupoolsError as exc:
         module.fail_json(msg=exc.describe(params["host"]))
-    for warning in warnings + plan["warnings"]:
+    for warning in warnings:
         module.warn(f"host {params['host']}: {warning}" if params["host"] else warning)
-    module.exit_json(changed=False, plan=plan, **result)
+    module.exit_json(changed=False, **result)
 
 
 if __name__ == "__main__":

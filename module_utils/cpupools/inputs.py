@@ -427,7 +427,7 @@ INTERNAL = frozenset(
         "kernel_kubelet_file",
         "kernel_kubelet_path",
         "kernel_templates",
-        "plan_state_check",
+        "plan_inputs",
     }
 )
 

@@ -503,3 +503,23 @@ def test_resize_live_tasks_cannot_fit_is_refused_before_the_kernel_stage(tmp_pat
     finally:
         holder.terminate()
         holder.wait(timeout=30)
+
+
+def test_uninstall_checks_the_inputs_before_removing_anything(tmp_path, built_agent):
+    inventory = write_inventory(tmp_path)
+    assert run_playbook(REPO / "site.yml", tmp_path, None, inventory=str(inventory)).rc == 0
+    before = tree_snapshot(tmp_path / "sandbox")
+    res = run_playbook(
+        REPO / "playbooks" / "uninstall.yml",
+        tmp_path,
+        None,
+        "-e",
+        "cpupools_agent_force=perhaps",
+        inventory=str(inventory),
+    )
+    output = res.stdout + res.stderr
+    assert res.rc != 0 and "Traceback" not in output
+    plays = [play["play"]["name"] for play in (res.data or {}).get("plays", [])]
+    assert plays == ["Check the inputs before anything is removed"], plays
+    assert res.messages() == "host localhost: cpupools_agent_force: 'perhaps' is not a boolean; give true or false"
+    assert tree_snapshot(tmp_path / "sandbox") == before
