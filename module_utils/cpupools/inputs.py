@@ -18,6 +18,7 @@ and whose message quotes the value, on one line.
 from __future__ import annotations
 
 import difflib
+import json
 import math
 import os
 import re
@@ -204,7 +205,25 @@ def to_sst_bf(raw: object, field: str) -> str:
     return to_choice(raw, field, ("auto", "true", "false"))
 
 
+def _mapping_text(raw: str) -> object:
+    """What Ansible's ``dict`` type makes of ``-e`` text: a JSON object, or ``k=v, k2=v2``."""
+    text = raw.strip()
+    if text.startswith("{"):
+        try:
+            return json.loads(text)
+        except ValueError:
+            return raw
+    if not text:
+        return {}
+    pairs = [item.partition("=") for item in text.split(",")]
+    if all(eq and key.strip() for key, eq, _ in pairs):
+        return {key.strip(): value.strip() for key, _, value in pairs}
+    return raw
+
+
 def to_labels(raw: object, field: str) -> dict[str, str]:
+    if isinstance(raw, str) and len(raw) <= 4096:
+        raw = _mapping_text(raw)
     if not isinstance(raw, Mapping):
         raise InputError(f"{show(raw)} is not a mapping of label name to value (e.g. {{team: rt}})", field)
     out = {}

@@ -156,6 +156,14 @@ def test_refusals_name_the_variable_and_the_value(name, raw, message):
     assert "\n" not in text
 
 
+@pytest.mark.parametrize(
+    "raw", [{"team": "rt", "tier": "1"}, '{"team": "rt", "tier": "1"}', "team=rt, tier=1", "team=rt,tier=1"]
+)
+def test_labels_from_e_text_mean_what_the_yaml_mapping_means(raw):
+    checked = validate_inputs({"cpupools_k8s_labels": raw})
+    assert checked.values["k8s_labels"] == {"team": "rt", "tier": "1"}
+
+
 def test_unknown_names_are_warned_with_the_closest_known_one():
     assert closest_name("cpupools_num_exclusive_core") == "cpupools_num_exclusive_cores"
     assert closest_name("cpupools_isolated_pool") == "cpupools_isolated_pools"
