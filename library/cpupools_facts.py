@@ -26,6 +26,13 @@ options:
         embedded default inventory point it at a fixture tree.
     type: path
     default: /
+  host:
+    description: Name of the host, used in error messages.
+    type: str
+  variable:
+    description: The inventory variable O(root) comes from, named in error messages.
+    type: str
+    default: cpupools_facts_root
 attributes:
   check_mode:
     support: full
@@ -104,17 +111,23 @@ ansible_facts:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.cpupools.errors import CpupoolsError
-from ansible.module_utils.cpupools.topology import gather_topology
+from ansible.module_utils.cpupools.topology import check_facts_root, gather_topology
 
-ARGUMENT_SPEC = {"root": {"type": "path", "default": "/"}}
+ARGUMENT_SPEC = {
+    "root": {"type": "path", "default": "/"},
+    "host": {"type": "str"},
+    "variable": {"type": "str", "default": "cpupools_facts_root"},
+}
 
 
 def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    root = module.params["root"]
     try:
-        topology = gather_topology(module.params["root"])
+        topology = gather_topology(check_facts_root(root))
     except CpupoolsError as exc:
-        module.fail_json(msg=f"cpupools_facts: {exc} (root {module.params['root']})")
+        where = [f"host {module.params['host']}"] if module.params["host"] else []
+        module.fail_json(msg=": ".join([*where, module.params["variable"], f"{root!r}: {exc}"]))
     module.exit_json(changed=False, ansible_facts={"cpupools": topology.to_facts()})
 
 

@@ -14,15 +14,30 @@ description:
     the kernel command line, for nodes migrated from CMK.
   - Invalid input fails with one message naming the host, the variable and
     the numbers.
+  - With O(inputs), which the cpupools_plan role fills with every C(cpupools_*)
+    variable of the host, it checks every public variable of every cpupools
+    role first, on one line per refusal, bounds cpulists by the host's possible
+    CPUs, checks that C(cpupools_root) can be written under and that
+    C(cpupools_task_group) exists on the node, and warns about unknown
+    C(cpupools_*) names with the closest known one. The planner options below
+    are then ignored.
 version_added: "0.1.0"
 options:
   topology:
-    description: The facts from M(cpupools_facts) (C(ansible_facts.cpupools)).
+    description:
+      - The facts from M(cpupools_facts) (C(ansible_facts.cpupools)).
+      - Without it (only with O(inputs)) the module only checks the inputs and
+        returns no plan; cpulists are then bounded by 65536 CPUs instead of
+        the host's possible CPUs. C(playbooks/uninstall.yml) does that.
     type: dict
-    required: true
   host:
     description: Name of the host, used in error messages.
     type: str
+  inputs:
+    description:
+      - Every C(cpupools_*) variable of the host, by full name (see
+        module_utils/cpupools/inputs.py for the spec of each).
+    type: dict
   num_exclusive_cores:
     description:
       - Physical cores in the C(exclusive) pool; C(-1) takes all remaining cores.
@@ -69,6 +84,10 @@ options:
     type: list
     elements: str
     default: [exclusive, shared]
+  isolate_cpu0:
+    description: Let an infra cpulist that leaves out the core of CPU 0 put that core in an isolated pool.
+    type: bool
+    default: false
 attributes:
   check_mode:
     support: full
@@ -92,7 +111,7 @@ EXAMPLES = r"""
 RETURN = r"""
 plan:
   description: The pool layout.
-  returned: success
+  returned: success, when topology is given
   type: dict
   contains:
     version:
@@ -149,10 +168,15 @@ plan:
     request:
       description: The normalised inputs.
       type: dict
+inputs:
+  description: Every public cpupools variable, normalised (without the C(cpupools_) prefix); only with O(inputs).
+  returned: when inputs is given
+  type: dict
 """
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.cpupools.errors import CpupoolsError
+from ansible.module_utils.cpupools.inputs import check_group, check_root, unknown_variables, validate_inputs
 from ansible.module_utils.cpupools.plan import make_request, plan_pools
 from ansible.module_utils.cpupools.topology import Topology
 
@@ -166,10 +190,11 @@ REQUEST_OPTIONS = (
     "isolcpus_source",
     "sst_bf",
     "isolated_pools",
+    "isolate_cpu0",
 )
 
 ARGUMENT_SPEC = {
-    "topology": {"type": "dict", "required": True},
+    "topology": {"type": "dict"},
     "host": {"type": "str"},
     "num_exclusive_cores": {"type": "raw", "default": 4},
     "num_shared_cores": {"type": "raw", "default": 1},
@@ -180,20 +205,41 @@ ARGUMENT_SPEC = {
     "isolcpus_source": {"type": "str", "default": "generate"},
     "sst_bf": {"type": "raw", "default": "auto"},
     "isolated_pools": {"type": "list", "elements": "str", "default": ["exclusive", "shared"]},
+    "isolate_cpu0": {"type": "bool", "default": False},
+    "inputs": {"type": "dict"},
 }
 
 
 def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     params = module.params
+    result = {}
+    warnings = []
+    # A misspelt name may be why a value below is refused: warn first.
+    for warning in unknown_variables(params["inputs"] or {}):
+        module.warn(f"host {params['host']}: {warning}" if params["host"] else warning)
     try:
-        request = make_request({key: params[key] for key in REQUEST_OPTIONS})
-        plan = plan_pools(Topology.from_facts(params["topology"]), request)
+        topology = None if params["topology"] is None else Topology.from_facts(params["topology"])
+        if params["inputs"] is None:
+            if topology is None:
+                module.fail_json(msg="cpupools_plan: give topology, inputs, or both")
+            request = make_request({key: params[key] for key in REQUEST_OPTIONS})
+        else:
+            possible = None if topology is None else max([*topology.cpus, *topology.offline]) + 1
+            checked = validate_inputs(params["inputs"], possible_cpus=possible)
+            check_root(checked.values["root"])
+            check_group(checked.values["task_group"])
+            request = make_request(checked.request())
+            result["inputs"] = checked.values
+        if topology is not None:
+            plan = plan_pools(topology, request)
+            result["plan"] = plan
+            warnings += plan["warnings"]
     except CpupoolsError as exc:
         module.fail_json(msg=exc.describe(params["host"]))
-    for warning in plan["warnings"]:
+    for warning in warnings:
         module.warn(f"host {params['host']}: {warning}" if params["host"] else warning)
-    module.exit_json(changed=False, plan=plan)
+    module.exit_json(changed=False, **result)
 
 
 if __name__ == "__main__":

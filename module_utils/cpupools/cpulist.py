@@ -30,14 +30,21 @@ if TYPE_CHECKING:
 # (kernel-parameters.txt: "isolcpus= [flag-list,]<cpu-list>").
 ISOLCPUS_FLAGS = ("nohz", "domain", "managed_irq")
 
+#: No CPU id at or above this is accepted anywhere, whatever the caller knows
+#: about the host: Linux's NR_CPUS is at most 8192 today, and the cap keeps a
+#: typed ``0-4000000000`` from expanding billions of ids in memory.
+MAX_CPUS = 65536
+_DIGITS = frozenset("0123456789")
+
 
 def _parse_int(text: str) -> int:
-    if not text.isdigit():
+    # str.isdigit() is true for "²" and other Unicode digits that int() refuses.
+    if not text or not set(text) <= _DIGITS or len(text) > 12:
         raise CpulistError(f"{text!r} is not a CPU number")
     return int(text)
 
 
-def _parse_item(item: str, nr_cpus: int | None) -> Iterable[int]:
+def _parse_item(item: str, nr_cpus: int | None, limit: int) -> Iterable[int]:
     """Expand one comma-separated item; errors say only what is wrong with it."""
 
     def cpu(text: str) -> int:
@@ -45,7 +52,10 @@ def _parse_item(item: str, nr_cpus: int | None) -> Iterable[int]:
             if nr_cpus is None:
                 raise CpulistError("'N' needs the number of CPUs")
             return nr_cpus - 1
-        return _parse_int(text)
+        value = _parse_int(text)
+        if value >= limit:
+            raise CpulistError(f"CPU {value} is beyond the last possible CPU {limit - 1}")
+        return value
 
     stride = None
     body = item
@@ -72,13 +82,19 @@ def _parse_item(item: str, nr_cpus: int | None) -> Iterable[int]:
     return (c for c in range(first, last + 1) if (c - first) % group < used)
 
 
-def parse_cpulist(text: str | Iterable[int], what: str = "cpulist", nr_cpus: int | None = None) -> list[int]:
+def parse_cpulist(
+    text: str | Iterable[int], what: str = "cpulist", nr_cpus: int | None = None, limit: int | None = None
+) -> list[int]:
     """Parse cpulist text into sorted unique CPU ids.
 
     ``what`` names the value in error messages (``"isolcpus"``, ``"infra_cores"``).
     A list or tuple of ints (as YAML may give) is accepted and normalised.
+    ``limit`` is the number of possible CPUs of the host when the caller knows
+    it; no id at or above it (nor above ``MAX_CPUS``) is accepted, so parsing
+    never builds more than that many ids.
     """
-    if isinstance(text, bool):
+    limit = min(limit, MAX_CPUS) if limit is not None and limit > 0 else MAX_CPUS
+    if isinstance(text, bool) or not isinstance(text, (str, int, list, tuple, set, frozenset, range)):
         raise CpulistError(f"malformed {what}: {text!r} is not a cpulist")
     if isinstance(text, int):
         text = [text]
@@ -88,9 +104,11 @@ def parse_cpulist(text: str | Iterable[int], what: str = "cpulist", nr_cpus: int
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 # Strings inside a list ("0-3") are parsed too.
                 if isinstance(value, str):
-                    cpus.update(parse_cpulist(value, what, nr_cpus))
+                    cpus.update(parse_cpulist(value, what, nr_cpus, limit))
                     continue
                 raise CpulistError(f"malformed {what}: {value!r} is not a CPU number")
+            if value >= limit:
+                raise CpulistError(f"malformed {what}: CPU {value} is beyond the last possible CPU {limit - 1}")
             cpus.add(value)
         return sorted(cpus)
     stripped = text.strip()
@@ -102,7 +120,7 @@ def parse_cpulist(text: str | Iterable[int], what: str = "cpulist", nr_cpus: int
         if not item:
             raise CpulistError(f"malformed {what} {stripped!r}: item {position} is empty")
         try:
-            cpus.update(_parse_item(item, nr_cpus))
+            cpus.update(_parse_item(item, nr_cpus, limit))
         except CpulistError as exc:
             raise CpulistError(f"malformed {what} {stripped!r}: item {position} {item!r}: {exc}") from None
     return sorted(cpus)

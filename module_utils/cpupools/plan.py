@@ -21,8 +21,20 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
-from .cpulist import format_cmk_cpulist, format_cpulist, parse_cpulist
-from .errors import CpulistError, PlanError
+from .cpulist import format_cmk_cpulist, format_cpulist
+from .errors import PlanError
+from .inputs import (
+    ISOLATABLE_POOLS,
+    MODES,
+    SOURCES,
+    to_bool,
+    to_choice,
+    to_choices,
+    to_count,
+    to_cpus,
+    to_infra,
+    to_sst_bf,
+)
 from .topology import Core, Topology
 
 EXCLUSIVE = "exclusive"
@@ -33,9 +45,6 @@ ENI = "exclusive-non-isolcpus"
 POOL_ORDER = (EXCLUSIVE, SHARED, ENI, INFRA)
 #: Pools whose cpulists are handed out whole to one process.
 EXCLUSIVE_POOLS = (EXCLUSIVE, ENI)
-MODES = ("packed", "spread")
-SOURCES = ("generate", "adopt")
-ISOLATABLE_POOLS = (EXCLUSIVE, SHARED)
 PLAN_VERSION = 1
 
 
@@ -52,86 +61,47 @@ class PlanRequest:
     isolcpus_source: str = "generate"
     sst_bf: str = "auto"
     isolated_pools: tuple[str, ...] = (EXCLUSIVE, SHARED)
-
-
-def _count(raw: object, name: str) -> int:
-    if isinstance(raw, bool):
-        raise PlanError(f"{raw!r} is not an integer; give a number of cores, or -1 for all remaining", name)
-    if isinstance(raw, str) and raw.strip().lstrip("-").isdigit():
-        raw = int(raw.strip())
-    if not isinstance(raw, int):
-        raise PlanError(f"{raw!r} is not an integer; give a number of cores, or -1 for all remaining", name)
-    if raw < -1:
-        raise PlanError(f"{raw} is below -1; give a number of cores, or -1 for all remaining", name)
-    return raw
-
-
-def _choice(raw: object, name: str, allowed: Sequence[str]) -> str:
-    value = str(raw).strip().lower() if isinstance(raw, str) else raw
-    if value not in allowed:
-        raise PlanError(f"{raw!r} is not one of {', '.join(allowed)}", name)
-    return value  # type: ignore[return-value]
-
-
-def _cpus(raw: object, name: str) -> tuple[int, ...]:
-    if raw is None:
-        return ()
-    try:
-        return tuple(parse_cpulist(raw, name))  # type: ignore[arg-type]
-    except CpulistError as exc:
-        raise PlanError(str(exc), name) from None
+    #: Let an infra cpulist leave the core of CPU 0 to an isolated pool.
+    isolate_cpu0: bool = False
 
 
 def make_request(raw: Mapping[str, object]) -> PlanRequest:
-    """Validate raw inventory values into a ``PlanRequest`` (errors name the variable)."""
+    """Validate raw planner values into a ``PlanRequest`` (errors name the variable).
+
+    Keys are the variable names without ``cpupools_``; a missing key or
+    ``None`` takes the default (the plan play refuses ``None`` earlier, in
+    ``inputs.validate_inputs``). Values are read by the converters of
+    ``inputs``, so ``"2"`` from ``-e`` means what ``2`` means in YAML.
+    """
     known = set(PlanRequest.__dataclass_fields__)
     unknown = sorted(set(raw) - known)
     if unknown:
         raise PlanError(f"unknown planner option(s): {', '.join(unknown)}")
     defaults = PlanRequest()
-    get = lambda key: raw.get(key) if raw.get(key) is not None else getattr(defaults, key)  # noqa: E731
-    excl = _count(get("num_exclusive_cores"), "num_exclusive_cores")
-    shared = _count(get("num_shared_cores"), "num_shared_cores")
+
+    def get(key: str) -> object:
+        value = raw.get(key)
+        return getattr(defaults, key) if value is None else value
+
+    excl = to_count(get("num_exclusive_cores"), "num_exclusive_cores")
+    shared = to_count(get("num_shared_cores"), "num_shared_cores")
     if excl == -1 and shared == -1:
         raise PlanError(
             "num_exclusive_cores and num_shared_cores are both -1; only one pool can take all remaining cores",
             "num_exclusive_cores",
         )
-    sst = get("sst_bf")
-    sst_value = {True: "true", False: "false"}.get(sst, sst) if isinstance(sst, bool) else sst  # type: ignore[call-overload]
-    infra_raw = raw.get("infra_cores")
-    infra: int | tuple[int, ...]
-    if infra_raw is None or infra_raw == "":
-        infra = defaults.infra_cores
-    elif isinstance(infra_raw, int) and not isinstance(infra_raw, bool):
-        if infra_raw < 1:
-            raise PlanError(
-                f"{infra_raw} infra cores per socket; at least 1 is needed for the host and Kubernetes",
-                "infra_cores",
-            )
-        infra = infra_raw
-    else:
-        infra = _cpus(infra_raw, "infra_cores")
-        if not infra:
-            raise PlanError("the infra cpulist is empty; the host and Kubernetes need at least one core", "infra_cores")
-    pools_raw = raw.get("isolated_pools")
-    if pools_raw is None:
-        isolated_pools = defaults.isolated_pools
-    else:
-        if isinstance(pools_raw, str):
-            pools_raw = [p.strip() for p in pools_raw.split(",") if p.strip()]
-        isolated_pools = tuple(_choice(p, "isolated_pools", ISOLATABLE_POOLS) for p in pools_raw)  # type: ignore[union-attr]
-        isolated_pools = tuple(p for p in ISOLATABLE_POOLS if p in isolated_pools)
+    pools = to_choices(get("isolated_pools"), "isolated_pools", ISOLATABLE_POOLS)
     return PlanRequest(
         num_exclusive_cores=excl,
         num_shared_cores=shared,
-        exclusive_mode=_choice(get("exclusive_mode"), "exclusive_mode", MODES),
-        shared_mode=_choice(get("shared_mode"), "shared_mode", MODES),
-        excl_non_isolcpus=_cpus(raw.get("excl_non_isolcpus"), "excl_non_isolcpus"),
-        infra_cores=infra,
-        isolcpus_source=_choice(get("isolcpus_source"), "isolcpus_source", SOURCES),
-        sst_bf=_choice(sst_value, "sst_bf", ("auto", "true", "false")),
-        isolated_pools=isolated_pools,
+        exclusive_mode=to_choice(get("exclusive_mode"), "exclusive_mode", MODES),
+        shared_mode=to_choice(get("shared_mode"), "shared_mode", MODES),
+        excl_non_isolcpus=to_cpus(get("excl_non_isolcpus"), "excl_non_isolcpus"),
+        infra_cores=to_infra(get("infra_cores"), "infra_cores"),
+        isolcpus_source=to_choice(get("isolcpus_source"), "isolcpus_source", SOURCES),
+        sst_bf=to_sst_bf(get("sst_bf"), "sst_bf"),
+        isolated_pools=tuple(p for p in ISOLATABLE_POOLS if p in pools),
+        isolate_cpu0=to_bool(get("isolate_cpu0"), "isolate_cpu0"),
     )
 
 
@@ -275,11 +245,6 @@ def _generate(topo: Topology, req: PlanRequest) -> _Layout:
         infra_note = f"{_plural(req.infra_cores, 'infra core')} per socket"
     else:
         infra = _whole_cores(topo, req.infra_cores, "infra_cores")
-        if 0 in topo.cpus and topo.core_of(0) not in infra:
-            layout.warnings.append(
-                "cpupools_infra_cores does not include the core of CPU 0, which the kernel uses for "
-                "housekeeping that cannot be moved; it will be isolated"
-            )
         infra_note = f"{_plural(len(infra), 'infra core')} (cpupools_infra_cores)"
     eni = _whole_cores(topo, req.excl_non_isolcpus, "excl_non_isolcpus") if req.excl_non_isolcpus else []
     infra_index = {c.index for c in infra}
@@ -305,6 +270,17 @@ def _generate(topo: Topology, req: PlanRequest) -> _Layout:
     layout.pools[ENI] = eni
     layout.pools[INFRA] = sorted(infra + free, key=lambda c: c.first)
     layout.isolated = sorted(c for pool in req.isolated_pools for core in layout.pools[pool] for c in core.cpus)
+    if 0 in layout.isolated:
+        cpu0 = format_cpulist(topo.core_of(0).cpus)
+        if not req.isolate_cpu0:
+            named = req.infra_cores if isinstance(req.infra_cores, int) else format_cpulist(req.infra_cores)
+            raise PlanError(
+                f"{named} leaves the core of CPU 0 ({cpu0}) to an isolated pool; the "
+                "kernel keeps housekeeping work there that cannot be moved: add it to the infra cores, or set "
+                "cpupools_isolate_cpu0: true to isolate it anyway",
+                "infra_cores",
+            )
+        layout.warnings.append(f"the core of CPU 0 ({cpu0}) is isolated, as cpupools_isolate_cpu0 asks")
     return layout
 
 

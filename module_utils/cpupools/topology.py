@@ -323,7 +323,7 @@ def build_topology(files: Mapping[str, str | None]) -> Topology:
     possible = set(cpu_ids)
     online_text = files.get(f"{base}/online")
     if online_text is not None:
-        online = set(parse_cpulist(online_text, f"{base}/online"))
+        online = set(parse_cpulist(online_text, f"{base}/online", limit=max(possible, default=0) + 1))
     else:
         online = {c for c in cpu_ids if (files.get(f"{base}/cpu{c}/online") or "1").strip() == "1"}
     offline = sorted(possible - online)
@@ -336,7 +336,7 @@ def build_topology(files: Mapping[str, str | None]) -> Topology:
             siblings_text = files.get(f"{path}/core_cpus_list")
         if siblings_text is None:
             raise TopologyError(f"{path}: neither thread_siblings_list nor core_cpus_list exists")
-        siblings = tuple(parse_cpulist(siblings_text, f"{path}/thread_siblings_list"))
+        siblings = tuple(parse_cpulist(siblings_text, f"{path}/thread_siblings_list", limit=max(possible) + 1))
         freq = files.get(f"{base}/cpu{cpu_id}/cpufreq/base_frequency")
         if freq is not None:
             freqs[cpu_id] = _int(freq, f"{base}/cpu{cpu_id}/cpufreq/base_frequency")
@@ -418,6 +418,21 @@ def _list(path: str) -> Iterable[str]:
         return os.listdir(path)
     except OSError:
         return ()
+
+
+def check_facts_root(root: str | None) -> str:
+    """Refuse a facts root that is not an absolute path to a directory holding sysfs; return it."""
+    if not root or not root.strip():
+        raise TopologyError("the root is empty; give an absolute path ('/' for the host itself)")
+    if not os.path.isabs(root):
+        raise TopologyError("is not an absolute path")
+    if not os.path.exists(root):
+        raise TopologyError("no such directory")
+    if not os.path.isdir(root):
+        raise TopologyError("is not a directory")
+    if not os.path.isdir(os.path.join(root, CPU_DIR)):
+        raise TopologyError(f"has no {CPU_DIR} directory (give '/' or a fixture tree)")
+    return root
 
 
 def gather_topology(root: str = "/") -> Topology:

@@ -227,6 +227,7 @@ def test_eni_offline_cpu(corpus_root):
 
 
 def test_infra_split_core(corpus_root):
+    # A bare "0" is a count of cores per socket (as from -e); a list names CPU ids.
     with pytest.raises(PlanError, match=r"0 splits core 0,44") as exc:
-        plan_for(corpus_root["2s22c-smt2"], infra_cores="0")
+        plan_for(corpus_root["2s22c-smt2"], infra_cores=[0])
     assert exc.value.field == "infra_cores"

@@ -1,0 +1,559 @@
+"""Every public ``cpupools_*`` variable of every role, and the one check of all of them.
+
+The plan play calls ``validate_inputs`` once per host with every ``cpupools_*``
+variable the host has (inventory, ``-e``, role defaults), before any stage
+writes anything; the play is ``any_errors_fatal``, so one bad value on one
+host stops the whole run. The roles' ``meta/argument_specs.yml`` are kept in
+step with ``SPEC`` by a test (tests/unit/test_inputs.py); they stay as a
+fallback for a role run on its own.
+
+A value means the same whether it came from YAML or from ``-e`` (a string):
+``"2"`` is the integer 2, ``"false"`` is false, ``"exclusive,shared"`` is a
+list. An empty value (YAML ``key:`` with nothing, or ``-e key=``) is refused
+rather than silently replaced by a default. Every refusal is a
+``CpupoolsError`` whose ``field`` names the variable (without ``cpupools_``)
+and whose message quotes the value, on one line.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from .cpulist import ISOLCPUS_FLAGS, parse_cpulist
+from .errors import CpulistError, PlanError
+
+PREFIX = "cpupools_"
+MODES = ("packed", "spread")
+SOURCES = ("generate", "adopt")
+ISOLATABLE_POOLS = ("exclusive", "shared")
+STATES = ("present", "absent")
+#: Counts of cores and seconds are bounded so that no typed number means
+#: "more than any machine has"; the plan then says what the host can fit.
+MAX_COUNT = 1_000_000
+_INT_RE = re.compile(r"^[+-]?[0-9]{1,12}$")
+_TRUE = ("true", "yes", "on", "1")
+_FALSE = ("false", "no", "off", "0")
+# A file name (GRUB drop-in) and Kubernetes names (RFC 1123 subdomain, label
+# name, qualified extended resource name).
+_FILE_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+_DNS_SUBDOMAIN_RE = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_NAME_RE = re.compile(r"^(?=.{1,63}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_LABEL_VALUE_RE = re.compile(r"^((?=.{1,63}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
+_SERIAL_RE = re.compile(r"^[0-9]{1,3}%$")
+
+
+def show(value: object, width: int = 60) -> str:
+    """``repr`` of a value for a one-line message: no newline, never longer than ``width``."""
+    text = repr(value)
+    return text if len(text) <= width else f"{text[: width - 5]}...{text[-2:]}"
+
+
+#: The one error type of this module: a value no stage can use. The plan's own
+#: error type, since the plan play is where every input is refused.
+InputError = PlanError
+
+
+# Converters: raw value -> normalised value, or InputError(message, field) ------------
+
+
+def to_int(raw: object, field: str, minimum: int | None = None, maximum: int = MAX_COUNT, hint: str = "") -> int:
+    """An integer from an int or a decimal string (``-e``); floats, bools and ``'²'`` are refused."""
+    value: int | None = None
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        value = raw
+    elif isinstance(raw, str) and _INT_RE.match(raw.strip()):
+        value = int(raw.strip())
+    if value is None:
+        raise InputError(f"{show(raw)} is not an integer{hint}", field)
+    if minimum is not None and value < minimum:
+        raise InputError(f"{value} is below {minimum}{hint}", field)
+    if value > maximum:
+        raise InputError(f"{value} is above {maximum}{hint}", field)
+    return value
+
+
+def to_bool(raw: object, field: str) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    if isinstance(raw, int) and raw in (0, 1):
+        return bool(raw)
+    if isinstance(raw, str) and raw.strip().lower() in _TRUE + _FALSE:
+        return raw.strip().lower() in _TRUE
+    raise InputError(f"{show(raw)} is not a boolean; give true or false", field)
+
+
+def to_choice(raw: object, field: str, choices: tuple[str, ...]) -> str:
+    if isinstance(raw, str):
+        for choice in choices:
+            if raw.strip().lower() == choice.lower():
+                return choice
+    raise InputError(f"{show(raw)} is not one of {', '.join(choices)}", field)
+
+
+def to_number(raw: object, field: str, minimum: float = 0.0, maximum: float = 86400.0) -> float:
+    """A finite number of seconds above ``minimum``: ``nan``, ``inf`` and ``1e400`` are refused."""
+    value: float | None = None
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+        value = float(raw)
+    elif isinstance(raw, str) and len(raw) <= 32:
+        try:
+            value = float(raw.strip())
+        except ValueError:
+            value = None
+    if value is None or not math.isfinite(value):
+        raise InputError(f"{show(raw)} is not a number of seconds", field)
+    if not minimum < value <= maximum:
+        raise InputError(f"{show(raw)} is not above {minimum:g} and at most {maximum:g} seconds", field)
+    return value
+
+
+def to_str(
+    raw: object, field: str, allow_empty: bool = False, pattern: re.Pattern | None = None, what: str = ""
+) -> str:
+    if isinstance(raw, bool) or not isinstance(raw, (str, int)):
+        raise InputError(f"{show(raw)} is not a string", field)
+    text = str(raw)
+    if "\n" in text or "\0" in text:
+        raise InputError(f"{show(raw)} holds a newline or NUL byte", field)
+    if not text.strip():
+        if allow_empty and text == "":
+            return ""
+        raise InputError(f"{show(raw)} is empty", field)
+    if pattern is not None and not pattern.match(text):
+        raise InputError(f"{show(raw)} is not {what}", field)
+    return text
+
+
+def to_path(raw: object, field: str, allow_empty: bool = False) -> str:
+    """An absolute path; ``""`` only where it means "none" (and never for a root)."""
+    text = to_str(raw, field, allow_empty=allow_empty)
+    if text and not text.startswith("/"):
+        raise InputError(f"{show(raw)} is not an absolute path", field)
+    return text
+
+
+def to_list(raw: object, field: str) -> list[object]:
+    """A list from a YAML list or from ``-e`` text (``"a,b"``; ``""`` is the empty list)."""
+    if isinstance(raw, str):
+        return [item.strip() for item in raw.split(",") if item.strip()]
+    if isinstance(raw, (list, tuple)):
+        return list(raw)
+    raise InputError(f"{show(raw)} is not a list", field)
+
+
+def to_choices(raw: object, field: str, choices: tuple[str, ...]) -> list[str]:
+    """A list of distinct choices, in the order given."""
+    out: list[str] = []
+    for item in to_list(raw, field):
+        value = to_choice(item, field, choices)
+        if value not in out:
+            out.append(value)
+    return out
+
+
+def to_argv(raw: object, field: str) -> list[str]:
+    if not isinstance(raw, (list, tuple)):
+        raise InputError(
+            f"{show(raw)} is not a list of arguments; give a YAML list "
+            f"(with -e, as JSON: '{{\"{PREFIX}{field}\": [...]}}')",
+            field,
+        )
+    return [to_str(item, field) for item in raw]
+
+
+def to_cpus(raw: object, field: str, limit: int | None = None) -> tuple[int, ...]:
+    """CPU ids from cpulist text or a list; ``""`` and ``[]`` are no CPU."""
+    try:
+        return tuple(parse_cpulist(raw, field, limit=limit))  # type: ignore[arg-type]
+    except CpulistError as exc:
+        raise InputError(str(exc), field) from None
+
+
+def to_count(raw: object, field: str) -> int:
+    """A number of cores, or -1 for all remaining."""
+    return to_int(raw, field, minimum=-1, hint="; give a number of cores, or -1 for all remaining")
+
+
+def to_infra(raw: object, field: str, limit: int | None = None) -> int | tuple[int, ...]:
+    """Cores per socket (a bare integer, also as ``-e`` text) or the infra cores' CPU ids.
+
+    ``2`` and ``"2"`` both mean two cores per socket; a cpulist needs a
+    comma, a range or a YAML list (``[2]``, ``2-2``) to name CPU ids.
+    """
+    if (isinstance(raw, int) and not isinstance(raw, bool)) or (isinstance(raw, str) and _INT_RE.match(raw.strip())):
+        count = to_int(raw, field)
+        if count < 1:
+            raise InputError(f"{count} infra cores per socket; at least 1 is needed for the host and Kubernetes", field)
+        return count
+    if isinstance(raw, float):
+        raise InputError(f"{show(raw)} is neither a number of cores per socket nor a cpulist", field)
+    cpus = to_cpus(raw, field, limit)
+    if not cpus:
+        raise InputError("the infra cpulist is empty; the host and Kubernetes need at least one core", field)
+    return cpus
+
+
+def to_sst_bf(raw: object, field: str) -> str:
+    if isinstance(raw, bool):
+        return "true" if raw else "false"
+    return to_choice(raw, field, ("auto", "true", "false"))
+
+
+def _mapping_text(raw: str) -> object:
+    """What Ansible's ``dict`` type makes of ``-e`` text: a JSON object, or ``k=v, k2=v2``."""
+    text = raw.strip()
+    if text.startswith("{"):
+        try:
+            return json.loads(text)
+        except ValueError:
+            return raw
+    if not text:
+        return {}
+    pairs = [item.partition("=") for item in text.split(",")]
+    if all(eq and key.strip() for key, eq, _ in pairs):
+        return {key.strip(): value.strip() for key, _, value in pairs}
+    return raw
+
+
+def to_labels(raw: object, field: str) -> dict[str, str]:
+    if isinstance(raw, str) and len(raw) <= 4096:
+        raw = _mapping_text(raw)
+    if not isinstance(raw, Mapping):
+        raise InputError(f"{show(raw)} is not a mapping of label name to value (e.g. {{team: rt}})", field)
+    out = {}
+    for key, value in raw.items():
+        name = to_str(key, field)
+        prefix, _, short = name.rpartition("/")
+        if (prefix and not _DNS_SUBDOMAIN_RE.match(prefix)) or not _NAME_RE.match(short):
+            raise InputError(f"label name {show(name)} is not a valid Kubernetes label name", field)
+        text = "" if value is None else value
+        if isinstance(text, bool) or not isinstance(text, (str, int)) or not _LABEL_VALUE_RE.match(str(text)):
+            raise InputError(f"label {name}: value {show(value)} is not a valid Kubernetes label value", field)
+        out[name] = str(text)
+    return out
+
+
+def to_resource(raw: object, field: str) -> str:
+    text = to_str(raw, field)
+    domain, slash, name = text.partition("/")
+    if not slash or not _DNS_SUBDOMAIN_RE.match(domain) or not _NAME_RE.match(name) or domain.endswith("kubernetes.io"):
+        raise InputError(
+            f"{show(raw)} is not an extended resource name (<domain>/<name>, outside kubernetes.io)", field
+        )
+    return text
+
+
+def to_serial(raw: object, field: str) -> int | str:
+    if isinstance(raw, str) and _SERIAL_RE.match(raw.strip()):
+        percent = int(raw.strip()[:-1])
+        if 1 <= percent <= 100:
+            return raw.strip()
+        raise InputError(f"{show(raw)} is not a percentage from 1% to 100%", field)
+    return to_int(raw, field, minimum=1, hint="; give a number of nodes per batch or a percentage")
+
+
+# The spec ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Var:
+    """One public variable: its roles, its default, how it is read, and its argument_specs type."""
+
+    roles: tuple[str, ...]
+    convert: Callable[[object, str], object]
+    default: object = None
+    #: The ``type`` its roles' argument_specs give it (``raw`` in cpupools_plan, see there).
+    spec_type: str = "str"
+    choices: tuple[str, ...] = ()
+    #: The default is a template the role computes (documented, not checked here).
+    derived: bool = False
+
+
+def _var(roles: str, convert: Callable[..., object], default: object = None, spec_type: str = "str", **kw) -> Var:
+    return Var(tuple(roles.split()), convert, default, spec_type, **kw)
+
+
+def _choice(choices: tuple[str, ...]) -> Callable[[object, str], str]:
+    return lambda raw, field: to_choice(raw, field, choices)
+
+
+def _int(minimum: int, maximum: int = MAX_COUNT) -> Callable[[object, str], int]:
+    return lambda raw, field: to_int(raw, field, minimum, maximum)
+
+
+def _str(allow_empty: bool, pattern: re.Pattern | None = None, what: str = "") -> Callable[[object, str], str]:
+    return lambda raw, field: to_str(raw, field, allow_empty, pattern, what)
+
+
+def _path(allow_empty: bool = False) -> Callable[[object, str], str]:
+    return lambda raw, field: to_path(raw, field, allow_empty)
+
+
+def _shebang(raw: object, field: str) -> str:
+    text = to_str(raw, field)
+    if not text.startswith("/"):
+        raise InputError(f"{show(raw)} is not an interpreter line (an absolute path and its arguments)", field)
+    return text
+
+
+def _task_group(raw: object, field: str) -> str:
+    text = to_str(raw, field, allow_empty=True)
+    if text and (len(text) > 32 or any(c in text for c in " :/,")):
+        raise InputError(f"{show(raw)} is not a group name or gid", field)
+    return text
+
+
+#: Every public ``cpupools_*`` variable, without the prefix. Defaults equal the
+#: roles' ``defaults/main.yml`` (a test compares them).
+SPEC: dict[str, Var] = {
+    # cpupools_plan
+    "root": _var("plan agent kernel", _path(), "/", "path"),
+    "facts_root": _var("plan", _path(), "/", "path", derived=True),
+    "num_exclusive_cores": _var("plan", to_count, 4, "int"),
+    "num_shared_cores": _var("plan", to_count, 1, "int"),
+    "exclusive_mode": _var("plan", _choice(MODES), "packed", choices=MODES),
+    "shared_mode": _var("plan", _choice(MODES), "packed", choices=MODES),
+    "excl_non_isolcpus": _var("plan", to_cpus, "", "raw"),
+    "infra_cores": _var("plan", to_infra, 1, "raw"),
+    "isolcpus_source": _var("plan", _choice(SOURCES), "generate", choices=SOURCES),
+    "sst_bf": _var("plan", to_sst_bf, "auto", "raw"),
+    "isolated_pools": _var(
+        "plan",
+        lambda r, f: to_choices(r, f, ISOLATABLE_POOLS),
+        list(ISOLATABLE_POOLS),
+        "list",
+        choices=ISOLATABLE_POOLS,
+    ),
+    "isolate_cpu0": _var("plan", to_bool, False, "bool"),
+    "plan_check_stages": _var("plan", to_bool, True, "bool"),
+    # shared by the node roles
+    "state": _var("agent kernel k8s", _choice(STATES), "present", choices=STATES),
+    # cpupools_kernel
+    "kernel_args_backend": _var(
+        "kernel",
+        _choice(("auto", "grub", "grubby", "kernel-install")),
+        "auto",
+        choices=("auto", "grub", "grubby", "kernel-install"),
+    ),
+    "grub_dropin_name": _var(
+        "kernel", _str(False, _FILE_NAME_RE, "a file name (letters, digits, _ . -)"), "99-cpupools"
+    ),
+    "isolcpus_flags": _var(
+        "kernel",
+        lambda r, f: to_choices(r, f, ISOLCPUS_FLAGS),
+        ["managed_irq", "domain"],
+        "list",
+        choices=ISOLCPUS_FLAGS,
+    ),
+    "keep_adopted": _var("kernel", to_bool, True, "bool"),
+    "nohz_full": _var("kernel", to_bool, True, "bool"),
+    "rcu_nocbs": _var("kernel", to_bool, True, "bool"),
+    "irqaffinity": _var("kernel", to_bool, True, "bool"),
+    "command_line_size": _var("kernel", _int(256, 1 << 20), 2048, "int"),
+    "kernel_release": _var("kernel", _str(True, re.compile(r"^[A-Za-z0-9._+~-]+$"), "a kernel release"), ""),
+    "command_wrapper": _var("kernel", to_argv, [], "list"),
+    "reboot_ok": _var("kernel", to_bool, False, "bool"),
+    "reboot_timeout": _var("kernel", _int(1, 86400), 1800, "int"),
+    "systemd_cpuaffinity": _var("kernel", to_bool, False, "bool"),
+    "irqbalance_banned": _var("kernel", to_bool, False, "bool"),
+    "kubelet_dropin": _var("kernel", to_bool, False, "bool"),
+    "kubelet_reservation": _var(
+        "kernel",
+        _choice(("reservedSystemCPUs", "systemReserved")),
+        "reservedSystemCPUs",
+        choices=("reservedSystemCPUs", "systemReserved"),
+    ),
+    "kubelet_config_dir": _var("kernel", _path(), "/etc/kubernetes/kubelet.conf.d"),
+    # cpupools_agent
+    "conf_dir": _var("agent", _path(), "/etc/cmk", "path"),
+    "agent_path": _var("agent", _path(), "/opt/bin/cmk", "path"),
+    "agent_shebang": _var("agent", _shebang, "/usr/bin/env python3"),
+    "reconcile_interval": _var("agent", _int(1, 86400), 60, "int"),
+    "task_group": _var("agent", _task_group, ""),
+    "metrics_dir": _var("agent", _path(allow_empty=True), ""),
+    "agent_force": _var("agent", to_bool, False, "bool"),
+    "agent_kubeconfig": _var("agent", _path(allow_empty=True), "/etc/kubernetes/kubelet.conf"),
+    "agent_node_name": _var("agent", _str(False, _DNS_SUBDOMAIN_RE, "a Kubernetes node name"), derived=True),
+    "lock_timeout": _var("agent", _int(1, 3600), 30, "int"),
+    "manage_services": _var("agent", to_bool, None, "bool", derived=True),
+    # cpupools_k8s
+    "k8s_enabled": _var("k8s", to_bool, True, "bool"),
+    "k8s_kubeconfig": _var("k8s", _str(True), ""),
+    "k8s_context": _var("k8s", _str(True), ""),
+    "k8s_in_cluster": _var("k8s", to_bool, False, "bool"),
+    "k8s_node_name": _var("k8s", _str(False, _DNS_SUBDOMAIN_RE, "a Kubernetes node name"), derived=True),
+    "k8s_taint": _var("k8s", to_bool, True, "bool"),
+    "k8s_labels": _var("k8s", to_labels, {}, "dict"),
+    "k8s_label_domain": _var("k8s", _str(False, _DNS_SUBDOMAIN_RE, "a DNS domain"), "cmk.intel.com"),
+    "k8s_exclusive_resource": _var("k8s", to_resource, "cmk.intel.com/exclusive-cores"),
+    "k8s_eni_resource": _var("k8s", to_resource, "cmk.intel.com/exclusive-non-isolcpus-cores"),
+    "k8s_publish": _var("k8s", to_bool, True, "bool"),
+    "k8s_pending_reboot": _var("k8s", to_bool, False, "bool", derived=True),
+    "k8s_request_timeout": _var("k8s", _int(1, 3600), 30, "int"),
+    "k8s_drain_timeout": _var("k8s", _int(1, 86400), 300, "int"),
+    "k8s_drain_poll_interval": _var("k8s", to_number, 2, "float"),
+    "k8s_drain_delete_unmanaged": _var("k8s", to_bool, False, "bool"),
+    # cpupools_report
+    "report_html": _var("report", _path(allow_empty=True), derived=True),
+    "report_print": _var("report", to_bool, True, "bool"),
+    "report_title": _var("report", _str(False), "cpupools report"),
+    "report_generated": _var("report", _str(True), ""),
+    # cpupools_reboot (serial is the reboot play's, read before any role)
+    "reboot_simulate_command": _var("reboot", to_argv, [], "list"),
+    "reboot_serial": _var("", to_serial, 1, "raw"),
+}
+
+#: Names the roles set or export for each other (facts, registered results,
+#: role vars): known, so never warned about, and never validated as input.
+INTERNAL = frozenset(
+    {
+        "plan",
+        "plan_result",
+        "reboot_required",
+        "pending_kernel_args",
+        "kernel_cmdline",
+        "kernel_status",
+        "kernel_result",
+        "housekeeping",
+        "agent_status",
+        "agent_state",
+        "agent_build",
+        "agent_build_script",
+        "agent_build_output",
+        "agent_unit",
+        "agent_unit_dir",
+        "agent_dest",
+        "agent_units_dest",
+        "agent_units",
+        "agent_timer",
+        "agent_timer_file",
+        "agent_timer_predicted",
+        "k8s_drain_result",
+        "k8s_status",
+        "k8s_node_result",
+        "k8s_skip_reason",
+        "k8s_applied",
+        "report_input",
+        "report_result",
+        "kernel_cpuaffinity_path",
+        "kernel_irqbalance_path",
+        "kernel_kubelet_file",
+        "kernel_kubelet_path",
+        "kernel_templates",
+        "plan_inputs",
+    }
+)
+
+
+@dataclass
+class Inputs:
+    """The outcome of ``validate_inputs``: normalised values and what to warn about."""
+
+    values: dict[str, object]
+    warnings: list[str]
+
+    def request(self) -> dict[str, object]:
+        """The planner's inputs (``plan.make_request`` keys)."""
+        return {name: self.values[name] for name in PLAN_KEYS}
+
+
+PLAN_KEYS = (
+    "num_exclusive_cores",
+    "num_shared_cores",
+    "exclusive_mode",
+    "shared_mode",
+    "excl_non_isolcpus",
+    "infra_cores",
+    "isolcpus_source",
+    "sst_bf",
+    "isolated_pools",
+    "isolate_cpu0",
+)
+
+
+def closest_name(name: str) -> str | None:
+    """The known variable a misspelt ``cpupools_*`` name most likely meant (compared without the prefix)."""
+    match = difflib.get_close_matches(name.removeprefix(PREFIX), list(SPEC), n=1, cutoff=0.6)
+    return PREFIX + match[0] if match else None
+
+
+def unknown_variables(raw: Mapping[str, object]) -> list[str]:
+    """A warning per ``cpupools_*`` name in ``raw`` that no role reads, with the closest known name."""
+    warnings = []
+    for full in sorted(name for name in raw if isinstance(name, str) and name.startswith(PREFIX)):
+        name = full[len(PREFIX) :]
+        if name in SPEC or name in INTERNAL:
+            continue
+        guess = closest_name(full)
+        hint = f" (did you mean {guess}?)" if guess else ""
+        warnings.append(f"{full} is not a cpupools variable{hint}; it is ignored")
+    return warnings
+
+
+def validate_inputs(raw: Mapping[str, object], possible_cpus: int | None = None) -> Inputs:
+    """Check every ``cpupools_*`` variable in ``raw`` (full names, with the prefix).
+
+    Variables not given take ``SPEC`` defaults; those with a ``derived``
+    default stay ``None`` (the role computes them). Unknown ``cpupools_*``
+    names become warnings naming the closest known one. The first bad value
+    raises ``InputError`` naming it; ``possible_cpus`` (the host's possible
+    CPU count) bounds every cpulist.
+    """
+    values: dict[str, object] = {}
+    warnings = unknown_variables(raw)
+    for name, var in SPEC.items():
+        full = PREFIX + name
+        if full not in raw:
+            values[name] = None if var.derived else var.default
+            continue
+        value = raw[full]
+        if value is None:
+            raise InputError("is empty (null); give a value or remove the line to use the default", name)
+        if name in ("excl_non_isolcpus", "infra_cores"):
+            values[name] = var.convert(value, name, possible_cpus)  # type: ignore[call-arg]
+        else:
+            values[name] = var.convert(value, name)
+    if values["num_exclusive_cores"] == -1 and values["num_shared_cores"] == -1:
+        raise InputError(
+            "num_exclusive_cores and num_shared_cores are both -1; only one pool can take all remaining cores",
+            "num_exclusive_cores",
+        )
+    return Inputs(values, warnings)
+
+
+def check_root(path: str, field: str = "root") -> None:
+    """Refuse a root the node's files cannot be written under (a file, or not writable).
+
+    A root that does not exist yet is fine when its nearest existing parent
+    is a directory the caller may write into (the stages create it).
+    """
+    probe = os.path.abspath(path)
+    while not os.path.lexists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    if not os.path.isdir(probe):
+        what = "" if probe == path else f" ({probe} is in its way)"
+        raise InputError(f"{show(path)} is not a directory{what}", field)
+    if not os.access(probe, os.W_OK | os.X_OK):
+        where = "" if probe == path else f" ({probe} is the nearest existing directory)"
+        raise InputError(f"{show(path)} is not writable{where}", field)
+
+
+def check_group(group: str, field: str = "task_group") -> None:
+    """Refuse a task group the node does not have (a gid is taken as it is)."""
+    if not group or _INT_RE.match(group):
+        return
+    import grp  # not on every platform the planner's unit tests import this module on
+
+    try:
+        grp.getgrnam(group)
+    except KeyError:
+        raise InputError(f"group {show(group)} does not exist on the node", field) from None
