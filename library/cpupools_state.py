@@ -172,6 +172,12 @@ def main():
         )
     except CpupoolsError as exc:
         module.fail_json(msg=exc.describe(params["host"]))
+    except OSError as exc:  # the node's file system refused a write (read-only, full, ...)
+        prefix = f"host {params['host']}: " if params["host"] else ""
+        where = f" ({exc.filename})" if exc.filename else ""
+        module.fail_json(msg=f"{prefix}cpupools_state: cannot write the pool state: {exc.strerror or exc}{where}")
+    for warning in result.pop("warnings"):
+        module.warn(f"{conf_dir}: {warning}")
     before, after = result.pop("before"), result.pop("after")
     if result["changed"]:
         result["diff"] = {"before": before, "after": after, "before_header": conf_dir, "after_header": conf_dir}
