@@ -452,7 +452,7 @@ def list_cpus(name: str, path: str) -> str:
         if name.startswith(HASHED_PREFIX):
             try:
                 cpu_ids = parse_cpulist(_read_text(os.path.join(path, CPUS_FILE)))
-            except CpulistError:
+            except (StateError, CpulistError):  # a missing, unreadable or malformed cpus file
                 cpu_ids = []
         else:
             try:
