@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -24,6 +27,7 @@ PLAY = """
         state: "{{ state | default('present') }}"
         force: "{{ force | default(false) }}"
         task_group: "{{ task_group | default(omit) }}"
+        update_affinity: "{{ update_affinity | default(true) }}"
         host: node-1
       register: out
 """
@@ -43,14 +47,22 @@ def hold(cmk, conf, pool="exclusive"):
         start_new_session=True,
     )
     deadline = time.monotonic() + 20
-    while not any(proc.pid in pids for pids in tasks_of(conf, pool).values()):
+    while not any(proc.pid in pids for pids in tasks_of(conf, pool).values()) or not children(proc):
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.02)
     return proc
 
 
+def children(proc) -> list[str]:
+    """PIDs of the isolate's children (its workload, once spawned)."""
+    try:
+        return Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    except FileNotFoundError:
+        return []
+
+
 def child_affinity(proc) -> str:
-    child = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()[0]
+    child = children(proc)[0]
     for line in Path(f"/proc/{child}/status").read_text().splitlines():
         if line.startswith("Cpus_allowed_list:"):
             return line.split()[1]
@@ -220,3 +232,117 @@ def test_task_group_lets_its_members_take_lists_and_nothing_more(playbook, tmp_p
         assert out["changed"] is False
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+# A node CMK v1.4 set up, with its workloads still running (issue 12) ---------------
+
+#: One socket of 8 SMT2 cores (core i = CPUs i, i+8), as CMK v1.4 ``init`` lays it out
+#: for 3 exclusive and 2 shared cores: shared and infra lists named core by core.
+CMK_LAYOUT = {
+    "exclusive": {"1,9": "", "2,10": "", "3,11": ""},
+    "shared": {"4,12,5,13": ""},
+    "infra": {"0,8,6,14,7,15": ""},
+}
+#: What adopt plans for that node: the same CPU sets, written the way cpupools writes them.
+ADOPT_PLAN = make_plan(
+    {
+        "exclusive": {"0": ["1,9", "2,10", "3,11"]},
+        "shared": {"0": ["4,5,12,13"]},
+        "infra": {"0": ["0,6,7,8,14,15"]},
+    }
+)
+
+#: A CMK v1.4 isolate's life after its workload started: wait (here: for stdin to
+#: close), then, under the lock, take its PID out of the list it was given, by the
+#: path it was given (truncate + write + fsync, as CMK wrote), and exit 0. A list
+#: renamed under it makes it fail as CMK did: FileNotFoundError, exit 1.
+CMK_HOLDER = """
+import fcntl, os, sys
+conf, tasks = sys.argv[1], sys.argv[2]
+sys.stdin.read()
+with open(os.path.join(conf, "lock")) as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    with open(tasks) as handle:
+        pids = [p for p in handle.read().split(",") if p and int(p) != os.getpid()]
+    with open(tasks, "w") as handle:
+        handle.write(",".join(pids))
+        handle.flush()
+        os.fsync(handle.fileno())
+"""
+
+
+def write_cmk_v14_state(conf: Path) -> None:
+    """The directory ``cmk init --conf-dir`` of CMK v1.4 leaves: no cpupools.json, no markers."""
+    conf.mkdir(parents=True)
+    (conf / "lock").write_text("")
+    for pool, lists in CMK_LAYOUT.items():
+        (conf / "pools" / pool / "0").mkdir(parents=True)
+        (conf / "pools" / pool / "exclusive").write_text("1" if pool == "exclusive" else "0")
+        for name, tasks in lists.items():
+            (conf / "pools" / pool / "0" / name).mkdir()
+            (conf / "pools" / pool / "0" / name / "tasks").write_text(tasks)
+
+
+def cmk_holder(conf: Path, pool: str, name: str) -> subprocess.Popen:
+    """A running CMK v1.4 holder of ``pool/0/name``, its PID appended to ``tasks`` as CMK does."""
+    tasks = conf / "pools" / pool / "0" / name / "tasks"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CMK_HOLDER, str(conf), str(tasks)], stdin=subprocess.PIPE, start_new_session=True
+    )
+    with open(conf / "lock") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        old = tasks.read_text()
+        tasks.write_text(f"{old},{proc.pid}" if old else str(proc.pid))
+    return proc
+
+
+def pools_tree(conf: Path) -> dict:
+    """Every file and directory under pools/ with content, mtime and mode."""
+    return tree_snapshot(conf / "pools")
+
+
+def test_adopting_a_live_cmk_node_renames_nothing(playbook, tmp_path, cmk, holders):
+    root = tmp_path / "root"
+    conf = root / "etc/cmk"
+    write_cmk_v14_state(conf)
+    for pool, name in (("infra", "0,8,6,14,7,15"), ("shared", "4,12,5,13"), ("exclusive", "2,10")):
+        holders.append(cmk_holder(conf, pool, name))
+    infra_holder, shared_holder, excl_holder = holders
+    before = pools_tree(conf)
+    # This machine has 2 CPUs: the holders cannot run on 0-15, so nothing is re-pinned here.
+    res, out = state_run(playbook, root, ADOPT_PLAN, "--diff", update_affinity=False)
+    assert res.rc == 0, res.messages()
+    assert out["changed"] is True  # cpupools.json and cpupools.order are new
+    assert out["moves"] == [] and out["live_tasks"] == sorted(p.pid for p in holders)
+    assert pools_tree(conf) == before  # no directory renamed, moved or rewritten
+    assert (conf / "cpupools.order").read_text() == "exclusive 1,9 2,10 3,11\n"
+    res, out = state_run(playbook, root, ADOPT_PLAN, update_affinity=False)
+    assert res.rc == 0 and out["changed"] is False and pools_tree(conf) == before
+
+    # cmk reconcile and isolate work on CMK's names and leave the holders' lists alone.
+    reconciled = subprocess.run(
+        [cmk, "reconcile", f"--conf-dir={conf}"], env=agent_env(), capture_output=True, text=True, timeout=30
+    )
+    assert reconciled.returncode == 0 and json.loads(reconciled.stdout) == {"reclaimedCpuLists": []}
+    isolated = subprocess.run(
+        [cmk, "isolate", f"--conf-dir={conf}", "--pool=exclusive", "--no-affinity", "--", "env"],
+        env=agent_env(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert isolated.returncode == 0, isolated.stderr
+    env = dict(line.split("=", 1) for line in isolated.stdout.splitlines() if line.startswith("CMK_"))
+    assert env["CMK_CPUS_ASSIGNED"] == "1,9"  # the first free list, not the held 2,10
+    assert env["CMK_CPUS_INFRA"] == "0,8,6,14,7,15" and env["CMK_CPUS_SHARED"] == "4,12,5,13"
+    # isolate gave its list back: same entries, same contents (only 1,9/tasks was rewritten)
+    assert {k: v[0] for k, v in pools_tree(conf).items()} == {k: v[0] for k, v in before.items()}
+    assert sorted(os.listdir(conf / "pools/infra/0")) == ["0,8,6,14,7,15"]
+
+    # The holders end as CMK's isolate does: through the paths they were given.
+    for proc in holders:
+        proc.stdin.close()
+        assert proc.wait(timeout=30) == 0
+    for pool, name in (("infra", "0,8,6,14,7,15"), ("shared", "4,12,5,13"), ("exclusive", "2,10")):
+        assert (conf / "pools" / pool / "0" / name / "tasks").read_text() == ""
+    assert infra_holder.returncode == shared_holder.returncode == excl_holder.returncode == 0
