@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -346,3 +347,56 @@ def test_adopting_a_live_cmk_node_renames_nothing(playbook, tmp_path, cmk, holde
     for pool, name in (("infra", "0,8,6,14,7,15"), ("shared", "4,12,5,13"), ("exclusive", "2,10")):
         assert (conf / "pools" / pool / "0" / name / "tasks").read_text() == ""
     assert infra_holder.returncode == shared_holder.returncode == excl_holder.returncode == 0
+
+
+# Damaged state (issue 11) -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (
+            lambda c: (shutil.rmtree(c / "pools"), (c / "pools").write_text("")),
+            "pools is not a directory; repair it, or set force",
+        ),
+        (
+            lambda c: ((c / "cpupools.order").unlink(), (c / "cpupools.order").mkdir()),
+            "cpupools.order is not a regular file; repair it, or set force",
+        ),
+        (
+            lambda c: ((c / "lock").unlink(), os.mkfifo(c / "lock")),
+            "lock is not a regular file; repair it, or set force",
+        ),
+    ],
+    ids=["pools-is-a-file", "order-is-a-directory", "lock-is-a-fifo"],
+)
+def test_damaged_state_is_one_line_then_force_repairs_it(playbook, tmp_path, damage, message):
+    root = tmp_path / "root"
+    state_run(playbook, root, PLAN_2X)
+    conf = root / "etc/cmk"
+    damage(conf)
+    snap = tree_snapshot(root)
+    res, out = state_run(playbook, root, PLAN_2X)
+    assert res.rc != 0
+    assert out["msg"].startswith(f"host node-1: cpupools_state: state is corrupt: {conf}/") and message in out["msg"]
+    assert "\n" not in out["msg"] and "Traceback" not in res.stdout
+    assert tree_snapshot(root) == snap
+    res, out = state_run(playbook, root, PLAN_2X, force=True)
+    assert res.rc == 0 and out["changed"] is True, res.messages()
+    res, out = state_run(playbook, root, PLAN_2X)
+    assert res.rc == 0 and out["changed"] is False
+    assert tasks_of(conf) == {"0": [], "1": []}
+
+
+def test_stray_entries_are_warned_about_and_ignored(playbook, tmp_path):
+    root = tmp_path / "root"
+    state_run(playbook, root, PLAN_2X)
+    conf = root / "etc/cmk"
+    (conf / "pools/README").write_text("notes")
+    (conf / "pools/exclusive/0/scratch").mkdir()
+    res, out = state_run(playbook, root, PLAN_2X)
+    assert res.rc == 0 and out["changed"] is False
+    assert sorted(out["warnings"]) == [
+        f"{conf}: ignored {conf}/pools/README: is not a pool directory (no exclusive flag)",
+        f"{conf}: ignored {conf}/pools/exclusive/0/scratch: is not a cpulist directory",
+    ]
