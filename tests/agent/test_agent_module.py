@@ -400,3 +400,29 @@ def test_stray_entries_are_warned_about_and_ignored(playbook, tmp_path):
         f"{conf}: ignored {conf}/pools/README: is not a pool directory (no exclusive flag)",
         f"{conf}: ignored {conf}/pools/exclusive/0/scratch: is not a cpulist directory",
     ]
+
+
+def test_a_stale_marker_of_a_reused_pid_does_not_free_the_live_list(playbook, tmp_path, cmk, holders):
+    """Markers belong to their list: a stale entry of PID P on one list keeps its own start time
+    through a layout rewrite, and never replaces the start time of the live P on another list."""
+    root = tmp_path / "root"
+    first = make_plan({"exclusive": {"0": ["0", "1"]}, "shared": {"0": []}}, {"exclusive": ["0", "1"]})
+    state_run(playbook, root, first)
+    conf = root / "etc/cmk"
+    holders.append(hold(cmk, conf))  # takes "0"
+    pid = holders[0].pid
+    live_marker = next(p.name for p in (conf / "pools/exclusive/0/0").glob("task.*"))
+    start = int(live_marker.rsplit(".", 1)[1])
+    # an earlier process with the same PID left its entry on "1" (CMK's reconcile dropped markers)
+    (conf / "pools/exclusive/0/1/tasks").write_text(str(pid))
+    (conf / "pools/exclusive/0/1" / f"task.{pid}.{start - 5}").touch()
+    grown = make_plan({"exclusive": {"0": ["0", "1"]}, "shared": {"0": []}, "infra": {"0": []}})
+    res, out = state_run(playbook, root, grown)  # a new pool: the whole tree is rewritten
+    assert res.rc == 0 and out["changed"] is True, res.messages()
+    assert sorted(p.name for p in (conf / "pools/exclusive/0/0").iterdir()) == [live_marker, "tasks"]
+    assert (conf / "pools/exclusive/0/1" / f"task.{pid}.{start - 5}").exists()
+    reconciled = subprocess.run(
+        [cmk, "reconcile", f"--conf-dir={conf}"], env=agent_env(), capture_output=True, text=True, timeout=30
+    )
+    assert json.loads(reconciled.stdout) == {"reclaimedCpuLists": [{"cpus": "1", "pid": pid, "pool": "exclusive"}]}
+    assert tasks_of(conf) == {"0": [pid], "1": []}
