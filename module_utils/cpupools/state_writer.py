@@ -840,13 +840,25 @@ def converge(
             children = {}
         affinity = dict(sorted(affinity.items()))
         result["affinity"] = {str(pid): cpus for pid, cpus in affinity.items()}
-        result["changed"] = created or swap_pending or need_tree or need_meta or (update_affinity and bool(affinity))
+        # Dot-trees of an interrupted write (a partial .pools.new, a .pools.old the swap left) go too.
+        leftovers = [
+            path
+            for path in (os.path.join(conf_dir, st.NEW_TREE), os.path.join(conf_dir, st.OLD_TREE))
+            if path != tree and os.path.lexists(path)
+        ]
+        result["changed"] = (
+            created or swap_pending or need_tree or need_meta or bool(leftovers) or (update_affinity and bool(affinity))
+        )
         if check_mode or not result["changed"]:
             return result
         if need_tree:
             write_state(conf_dir, desired, new_tasks, {}, meta, task_gid, names=names, entry_starts=new_starts)
         elif need_meta:
             write_meta(conf_dir, meta, names)
+        for path in leftovers:
+            if not need_tree:  # write_state removed them already
+                _step()
+                _remove(path)
         if update_affinity:
             for pid, cpus in affinity.items():
                 set_affinity_tree(proc_fs, pid, cpus, children)

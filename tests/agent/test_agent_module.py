@@ -135,8 +135,10 @@ def test_resize_that_cannot_fit_is_refused_before_any_change(playbook, tmp_path,
     conf = root / "etc/cmk"
     holders.extend([hold(cmk, conf), hold(cmk, conf)])
     snap = tree_snapshot(root)
+    checked, check_out = state_run(playbook, root, PLAN_1X, "--check")  # the plan play's early refusal
+    assert checked.rc != 0 and tree_snapshot(root) == snap
     res, out = state_run(playbook, root, PLAN_1X)
-    assert res.rc != 0 and out["failed"]
+    assert res.rc != 0 and out["failed"] and check_out["msg"] == out["msg"]
     pid = holders[1].pid  # the holder of "0", which PLAN_1X drops
     assert out["msg"] == (
         f"host node-1: cpupools_plan: refusing to change the pool state: pool exclusive: live task(s) PID {pid} "

@@ -286,3 +286,21 @@ def test_markers_belong_to_their_list_not_to_the_pid():
     desired = sw.desired_layout(make_plan({"exclusive": {"0": ["2", "3"]}}))
     placed, moved = sw.resize_tasks(old, {77}, desired, {}, stale={("exclusive", "0", "1", 77)})
     assert placed == {"exclusive": {"0": {"2": [77], "3": []}}} and moved == []
+
+
+def test_an_interrupted_swap_is_predicted_in_check_mode_and_finished_by_the_next_run(tmp_path):
+    """Killed between the two renames: pools/ missing, .pools.old and the complete .pools.new beside it."""
+    import shutil
+
+    conf = write_plan_state(tmp_path / "cmk", PLAN_2X, {"exclusive": {"0": {"1": [os.getpid()]}}})
+    os.rename(conf / "pools", conf / st.OLD_TREE)
+    shutil.copytree(conf / st.OLD_TREE, conf / st.NEW_TREE)
+    before = sorted(p.name for p in conf.iterdir())
+    check = sw.converge(str(conf), PLAN_2X, check_mode=True, update_affinity=False)
+    assert check["changed"] is True and check["live_tasks"] == [os.getpid()]
+    assert "was missing after an interrupted write" in check["warnings"][0]
+    assert sorted(p.name for p in conf.iterdir()) == before  # check mode renamed nothing
+    real = sw.converge(str(conf), PLAN_2X, update_affinity=False)
+    assert real["changed"] is True and real["tasks"]["exclusive"] == {"0": [], "1": [os.getpid()]}
+    assert sorted(p.name for p in conf.iterdir()) == ["cpupools.json", "cpupools.order", "lock", "pools"]
+    assert sw.converge(str(conf), PLAN_2X, update_affinity=False)["changed"] is False
