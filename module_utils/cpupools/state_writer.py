@@ -594,7 +594,7 @@ def set_affinity_tree(
         try:
             os.sched_setaffinity(tid, cpus)
             pinned.append(tid)
-        except (ProcessLookupError, PermissionError):
+        except OSError:  # exited meanwhile, not ours to pin, or none of the CPUs is online (EINVAL)
             continue
     return sorted(pinned)
 
