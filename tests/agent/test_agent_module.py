@@ -428,3 +428,43 @@ def test_a_stale_marker_of_a_reused_pid_does_not_free_the_live_list(playbook, tm
     )
     assert json.loads(reconciled.stdout) == {"reclaimedCpuLists": [{"cpus": "1", "pid": pid, "pool": "exclusive"}]}
     assert tasks_of(conf) == {"0": [pid], "1": []}
+
+
+def test_a_task_group_member_works_on_an_interrupted_swap_and_root_finishes_it(playbook, cmk):
+    """pools/ missing after a kill between the renames: a member's isolate, which may not
+    rename in <conf>, takes and gives back its list in the new tree; the module moves it into place."""
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="cpupools-swap-"))
+    try:
+        base.chmod(0o755)
+        root = base / "root"
+        res, out = state_run(playbook, root, PLAN_2X, task_group="4711")
+        assert res.rc == 0, res.messages()
+        conf = root / "etc/cmk"
+        os.rename(conf / "pools", conf / ".pools.new")  # keeps owners and modes: the complete new tree
+        shutil.copytree(conf / ".pools.new", conf / ".pools.old")
+        prog = base / "bin"
+        shutil.copytree(Path(cmk).parent, prog)
+        prog.chmod(0o755)
+        held = conf / ".pools.new/exclusive/0/1/tasks"
+        res = subprocess.run(
+            [str(prog / "cmk"), "isolate", f"--conf-dir={conf}", "--pool=exclusive", "--", "cat", str(held)],
+            env=agent_env(),
+            capture_output=True,
+            text=True,
+            timeout=30,
+            user=65534,
+            group=65534,
+            extra_groups=[4711],
+        )
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.isdigit()  # its own PID, recorded in the new tree
+        assert not (conf / "pools").exists() and held.read_text() == ""
+        res, out = state_run(playbook, root, PLAN_2X, task_group="4711")
+        assert res.rc == 0 and out["changed"] is True
+        assert sorted(p.name for p in conf.iterdir()) == ["cpupools.json", "cpupools.order", "lock", "pools"]
+        res, out = state_run(playbook, root, PLAN_2X, task_group="4711")
+        assert out["changed"] is False
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
