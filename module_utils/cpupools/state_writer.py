@@ -662,6 +662,17 @@ def _order_text(conf_dir: str) -> str | None:
         return None
 
 
+def _meta_temporaries(conf_dir: str) -> list[str]:
+    """Temporary files of ``cpupools.json``/``cpupools.order`` a killed run left (only the
+    module writes them, under the lock, so any found under the lock are dead)."""
+    try:
+        names = os.listdir(conf_dir)
+    except OSError:
+        return []
+    prefixes = (f".{st.META}.", f".{st.ORDER}.")
+    return sorted(os.path.join(conf_dir, n) for n in names if n.startswith(prefixes) and n.endswith(".tmp"))
+
+
 def _check_conf_files(conf_dir: str, force: bool) -> list[str]:
     """Refuse a lock, ``cpupools.json`` or ``cpupools.order`` that is not a regular file
     (a FIFO as the lock would block every reader); with ``force`` they are replaced.
@@ -845,7 +856,7 @@ def converge(
             path
             for path in (os.path.join(conf_dir, st.NEW_TREE), os.path.join(conf_dir, st.OLD_TREE))
             if path != tree and os.path.lexists(path)
-        ]
+        ] + _meta_temporaries(conf_dir)
         result["changed"] = (
             created or swap_pending or need_tree or need_meta or bool(leftovers) or (update_affinity and bool(affinity))
         )
@@ -856,7 +867,7 @@ def converge(
         elif need_meta:
             write_meta(conf_dir, meta, names)
         for path in leftovers:
-            if not need_tree:  # write_state removed them already
+            if os.path.lexists(path):  # write_state removed the dot-trees already
                 _step()
                 _remove(path)
         if update_affinity:
