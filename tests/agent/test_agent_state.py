@@ -55,7 +55,7 @@ def test_handout_order_spreads_where_cmk_sorted_strings(tmp_path):
 @pytest.mark.parametrize(
     ("damage", "message"),
     [
-        (lambda c: (c / "pools/exclusive/exclusive").write_text("yes"), "exclusive holds 'yes'"),
+        (lambda c: (c / "pools/exclusive/exclusive").write_text("yes"), "expected 1 or 0"),
         (lambda c: (c / "pools/exclusive/exclusive").unlink(), "exclusive is missing"),
         (lambda c: (c / "pools/exclusive/zero").mkdir(), "is not a socket directory"),
         (lambda c: (c / "pools/exclusive/0/0-1").mkdir(), "is not a cpulist directory"),
@@ -253,7 +253,7 @@ def test_names_in_no_valid_form_are_corrupt_or_stray(tmp_path, name, why):
         st.read_state(str(conf))
     strays: list[str] = []
     pools = st.read_state(str(conf), strays=strays)  # the module's reading: reported, not fatal
-    assert strays == [f"{bad}: is not a cpulist directory"], why
+    assert strays == [f"{bad} is not a cpulist directory (expected a name like 2,46)"], why
     assert [cl.name for cl in pools["exclusive"].cpulists()] == ["0", "1"]
 
 
@@ -266,9 +266,9 @@ def test_stray_entries_anywhere_are_reported_and_skipped(tmp_path):
     pools = st.read_state(str(conf), strays=strays)
     assert sorted(pools) == ["exclusive", "shared"]
     assert strays == [
-        f"{conf}/pools/README: is not a pool directory (no exclusive flag)",
-        f"{conf}/pools/backup: is not a pool directory (no exclusive flag)",
-        f"{conf}/pools/exclusive/notes.txt: is not a socket directory (name must be a number)",
+        f"{conf}/pools/README is not a pool directory",
+        f"{conf}/pools/backup/exclusive is missing",
+        f"{conf}/pools/exclusive/notes.txt is not a socket directory (name must be a number)",
     ]
 
 
