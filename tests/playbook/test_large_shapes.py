@@ -8,8 +8,9 @@ shape is a CMK node being adopted with every other core isolated, so its
 infra lists are too fragmented even for the compressed form and take the
 ``cpus-<n>-<digest>`` name.
 
-Timing (2 shared cores, loaded by other jobs): about 15-45 s per site.yml
-run, so the five shapes take about 3-7 minutes in all; ``-n 2`` halves it.
+Measured on 2 cores shared with other jobs: one site.yml run on 8 x 64 takes
+33-37 s; the whole file takes about 4 minutes with ``-n 2`` (83 s for the
+2 x 128 and 8 x 64 cases together).
 """
 
 from __future__ import annotations
