@@ -15,6 +15,15 @@ description:
     and the CPU affinity of the moved workload is updated. Live tasks that do
     not fit the new plan make the module fail before it changes anything,
     naming the PIDs and the numbers.
+  - Cpulists are compared as CPU sets; a list whose CPUs stay in the same pool
+    and socket keeps its directory name (CMK's core-by-core names included).
+    A list whose name in CMK's comma form would pass 255 bytes is named
+    C(0-63,512-575), or C(cpus-<count>-<digest>) with a C(cpus) file.
+  - Live tasks whose threads may run outside their cpulists' CPUs are re-pinned
+    on every run (this finishes a run that was killed after the swap).
+  - Entries in the state that are not part of the layout are reported as
+    warnings and ignored; a C(pools), lock or metadata file of the wrong type
+    fails with one line unless O(force).
   - Idempotent; a run with the same plan changes no file (same mtimes).
   - C(state=absent) removes the state and refuses while tasks are live unless O(force).
 version_added: "0.1.0"
@@ -59,7 +68,9 @@ options:
     type: float
     default: 30
   update_affinity:
-    description: Re-pin the process tree of a moved live task to its new CPUs.
+    description:
+      - Re-pin the process tree of a live task that moved, or whose threads may run
+        outside its cpulists' CPUs, to its cpulists' CPUs.
     type: bool
     default: true
   host:
@@ -106,11 +117,15 @@ moves:
   type: list
   elements: dict
 affinity:
-  description: PID (string) to the CPUs its process tree was (or in check mode would be) re-pinned to.
+  description:
+    - PID (string) to the CPUs its process tree was (or in check mode would be)
+      re-pinned to, because it moved or because a thread may run outside its cpulists.
   returned: always
   type: dict
 tasks:
-  description: Pool to cpulist to the PIDs the state holds after the run (every cpulist; [] when free).
+  description:
+    - Pool to cpulist to the PIDs the state holds after the run (every cpulist; [] when free).
+    - Cpulists are given in CMK's comma form, ascending, whatever their directory is named.
   returned: when state is present
   type: dict
   sample: {"exclusive": {"1,45": [4242], "2,46": []}, "shared": {"3,4,47,48": []}}
@@ -172,6 +187,12 @@ def main():
         )
     except CpupoolsError as exc:
         module.fail_json(msg=exc.describe(params["host"]))
+    except OSError as exc:  # the node's file system refused a write (read-only, full, ...)
+        prefix = f"host {params['host']}: " if params["host"] else ""
+        where = f" ({exc.filename})" if exc.filename else ""
+        module.fail_json(msg=f"{prefix}cpupools_state: cannot write the pool state: {exc.strerror or exc}{where}")
+    for warning in result.pop("warnings"):
+        module.warn(f"{conf_dir}: {warning}")
     before, after = result.pop("before"), result.pop("after")
     if result["changed"]:
         result["diff"] = {"before": before, "after": after, "before_header": conf_dir, "after_header": conf_dir}

@@ -7,6 +7,19 @@ and read it, so CMK's own tooling still reads our state::
     <conf>/pools/<pool>/exclusive                 "1" or "0"
     <conf>/pools/<pool>/<socket>/<cpulist>/tasks  comma-separated PIDs, no newline ("" = free)
 
+A cpulist directory is named for its CPUs (``list_dir_name``), in the first
+of three forms that fits a file name (``NAME_MAX``, 255 bytes):
+
+* CMK's form, ids joined by commas (``2,46``); always for exclusive lists, and
+  CMK's own core-by-core names (``26,70,27,71``) are read as they are;
+* the compressed cpulist (``0-63,128-191``) when the comma form is longer;
+* ``cpus-<count>-<digest>`` when even that is longer, with the full
+  compressed cpulist in ``<cpulist>/cpus``.
+
+Every reader goes through ``list_cpus``, which accepts exactly those forms
+(a name in another form, or a range name whose comma form would have fit, is
+corrupt state).
+
 What cpupools adds lives where CMK never looks (CMK lists pool, socket and
 cpulist directories and reads only ``tasks`` inside a cpulist directory):
 
@@ -37,7 +50,7 @@ import time
 from fcntl import LOCK_EX, LOCK_NB, LOCK_UN, flock
 from stat import S_ISDIR, S_ISREG
 
-from .cpulist import parse_cpulist
+from .cpulist import format_cmk_cpulist, format_cpulist, parse_cpulist
 from .errors import (
     CpulistError,
     LockTimeoutError,
@@ -53,6 +66,13 @@ POOLS = "pools"
 META = "cpupools.json"
 ORDER = "cpupools.order"
 TASKS = "tasks"
+CPUS_FILE = "cpus"
+#: Longest file name (bytes) of Linux file systems (ext4, xfs, btrfs, tmpfs).
+NAME_MAX = 255
+HASHED_PREFIX = "cpus-"
+#: Where the module builds a new tree and parks the old one during the swap.
+NEW_TREE = ".pools.new"
+OLD_TREE = ".pools.old"
 MARKER = "task."
 EXCLUSIVE_FLAG = "exclusive"
 META_VERSION = 1
@@ -256,14 +276,20 @@ def proc_view_problem(proc_fs: str, pid: int) -> str | None:
 
 
 class CpuList:
-    """One cpulist directory; ``tasks`` and ``starts`` are read on first use."""
+    """One cpulist directory; ``tasks`` and ``starts`` are read on first use.
 
-    __slots__ = ("_starts", "_tasks", "cpus", "path", "pool", "socket")
+    ``name`` is the directory name; ``cpus`` the CPUs in CMK's comma form
+    (the name itself when it is in that form, so CMK's core-by-core order is
+    kept), which is what ``CMK_CPUS_*`` and ``describe`` show.
+    """
 
-    def __init__(self, pool: str, socket: str, cpus: str, path: str) -> None:
+    __slots__ = ("_starts", "_tasks", "cpus", "name", "path", "pool", "socket")
+
+    def __init__(self, pool: str, socket: str, cpus: str, path: str, name: str | None = None) -> None:
         self.pool = pool
         self.socket = socket
         self.cpus = cpus
+        self.name = cpus if name is None else name
         self.path = path
         self._tasks: list[int] | None = None
         self._starts: dict[int, int] | None = None
@@ -392,19 +418,51 @@ def _socket_ok(name: str) -> bool:
     return name.isdigit() and name.isascii()
 
 
+def live_tree(conf_dir: str, finish: bool = True) -> str:
+    """The directory that holds the pools: ``<conf>/pools``, or the new tree of an interrupted swap.
+
+    The module swaps a changed layout in with two renames (``pools`` ->
+    ``.pools.old``, then ``.pools.new`` -> ``pools``), and starts them only
+    once the new tree is complete and fsynced. A kill between the two leaves
+    ``pools`` missing beside both trees; the new one is then the state (it
+    was written under the lock from the state of that moment, and nothing
+    could change it since). Whoever comes next finishes the swap; a caller
+    that may not rename in ``<conf>`` (a task-group member) reads and writes
+    the new tree in place, and the next root run renames it. ``finish=False``
+    only says where the state is (check mode). Call with the state lock held.
+    """
+    pools = os.path.join(conf_dir, POOLS)
+    if os.path.lexists(pools):
+        return pools
+    new = os.path.join(conf_dir, NEW_TREE)
+    if not (os.path.isdir(new) and os.path.isdir(os.path.join(conf_dir, OLD_TREE))):
+        return pools  # no swap was under way: a fresh .pools.new alone may be incomplete
+    if not finish:
+        return new
+    try:
+        os.rename(new, pools)
+    except OSError:
+        return new
+    return pools
+
+
 def read_state(
-    conf_dir: str, only_pools: tuple[str, ...] | None = None, strays: list[str] | None = None
+    conf_dir: str,
+    only_pools: tuple[str, ...] | None = None,
+    strays: list[str] | None = None,
+    finish_swap: bool = True,
 ) -> dict[str, Pool]:
     """Read the layout under ``conf_dir`` (pool -> Pool), validating every name.
 
     ``only_pools`` reads just those pools' sockets and cpulists (the others
     get empty socket maps), which keeps ``cmk isolate`` fast. Task files are read
     lazily. Anything that is not CMK's layout raises ``StateError`` naming
-    the path; with a ``strays`` list, a stray pool, socket or cpulist entry is
-    appended to it (one line naming the path) and skipped instead, so one
-    stray entry does not take the whole state down (the agent's way).
+    the path; with a ``strays`` list, a stray pool, socket or cpulist entry
+    (anything that is not part of CMK's layout, a cpulist name in none of the
+    three forms included) is appended to it (one line naming the path) and
+    skipped instead, so one stray entry does not take the whole state down.
     """
-    pools_dir = os.path.join(conf_dir, POOLS)
+    pools_dir = live_tree(conf_dir, finish_swap)
     if not os.path.isdir(pools_dir):
         if os.path.lexists(pools_dir):
             raise StateError(f"state is corrupt: {pools_dir} is not a directory")
@@ -445,14 +503,16 @@ def read_state(
                     stray(f"{socket_path} is not a socket directory (name must be a number)")
                     continue
                 lists = []
-                for cpus in _listdir(socket_path):
-                    list_path = os.path.join(socket_path, cpus)
+                for entry in _listdir(socket_path):
+                    list_path = os.path.join(socket_path, entry)
                     try:
-                        _check_cpulist_name(cpus, list_path)
+                        cpus = list_cpus(entry, list_path)
+                    except StatePermissionError:
+                        raise
                     except StateError as exc:
                         stray(str(exc).removeprefix("state is corrupt: "))
                         continue
-                    lists.append(CpuList(name, socket, cpus, list_path))
+                    lists.append(CpuList(name, socket, cpus, list_path, entry))
                 sockets[socket] = lists
         pools[name] = Pool(name, flag == "1", pool_path, sockets)
     return pools
@@ -473,11 +533,47 @@ def is_cmk_cpulist(name: str) -> bool:
         return False
 
 
-def _check_cpulist_name(name: str, path: str) -> None:
-    if not is_cmk_cpulist(name):
-        raise StateError(f"state is corrupt: {path} is not a cpulist directory (expected a name like 2,46)")
+def list_dir_name(cpus: list[int] | tuple[int, ...]) -> str:
+    """The directory name of a cpulist of ``cpus``: the first of CMK's comma form,
+    the compressed cpulist, and ``cpus-<count>-<digest>`` that fits ``NAME_MAX``."""
+    comma = format_cmk_cpulist(cpus)
+    if len(comma) <= NAME_MAX:
+        return comma
+    compressed = format_cpulist(cpus)
+    if len(compressed) <= NAME_MAX:
+        return compressed
+    import hashlib
+
+    return f"{HASHED_PREFIX}{len(set(cpus))}-{hashlib.sha256(compressed.encode()).hexdigest()[:16]}"
+
+
+def list_cpus(name: str, path: str) -> str:
+    """The CPUs (CMK's comma form) of the cpulist directory ``path`` named ``name``.
+
+    The one reader of the three name forms (see the module docstring). A
+    name in another form, or one that is not the name ``list_dir_name``
+    gives its CPUs (a range name whose comma form fits, a digest that does not
+    match ``cpus``), is corrupt state.
+    """
     if not os.path.isdir(path) or os.path.islink(path):
         raise StateError(f"state is corrupt: {path} is not a directory")
+    if is_cmk_cpulist(name):
+        cpus = name
+    else:
+        if name.startswith(HASHED_PREFIX):
+            try:
+                cpu_ids = parse_cpulist(_read_text(os.path.join(path, CPUS_FILE)))
+            except (StateError, CpulistError):  # a missing, unreadable or malformed cpus file
+                cpu_ids = []
+        else:
+            try:
+                cpu_ids = parse_cpulist(name)
+            except CpulistError:
+                cpu_ids = []
+        if not cpu_ids or list_dir_name(cpu_ids) != name:
+            raise StateError(f"state is corrupt: {path} is not a cpulist directory (expected a name like 2,46)")
+        cpus = format_cmk_cpulist(cpu_ids)
+    return cpus
 
 
 def read_meta(conf_dir: str) -> dict:

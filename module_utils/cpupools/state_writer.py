@@ -6,7 +6,23 @@ format and what ``cmk`` needs at run time; the node agent never imports this
 file, which keeps ``cmk isolate`` starting fast. Everything that must agree happens under the state
 lock: read the current state, check which tasks are alive, place them on the
 new layout (``state.resize_tasks``), refuse before any write when they do
-not fit, write the new tree in one swap, then re-pin moved workloads.
+not fit, write the new tree in one swap, then re-pin workloads whose CPU
+affinity is not inside their cpulists.
+
+Cpulists are compared as CPU sets, never as directory names: the layouts
+and task maps here are keyed by the ascending comma form of each list's CPUs
+(``list_key``), and the directory names live in a separate map. A list whose
+CPUs the new plan keeps in the same pool and socket keeps its directory and
+its name, whatever form that name has (CMK's core-by-core ``26,70,27,71``
+included), so a live CMK process that holds the path never loses it.
+
+Crash safety: every step of the write path can be killed (the fault test
+does, at each one, through ``CPUPOOLS_STATE_CRASH_AT``). Before the swap
+only a dot-directory exists, which the next write removes; between the two
+renames of the swap ``state.live_tree`` finishes it for any entry point;
+after it, the tasks are already on their new lists and re-pinning follows
+from the state (a live task whose threads run outside its lists' CPUs), not
+from what the killed run meant to do.
 """
 
 from __future__ import annotations
@@ -17,6 +33,35 @@ import shutil
 
 from . import state as st
 from .errors import ResizeError, StateError
+
+#: Test hook: ``CPUPOOLS_STATE_CRASH_AT=N`` makes the N-th step of the write
+#: path end the process at once (``os._exit``), as a SIGKILL would.
+CRASH_ENV = "CPUPOOLS_STATE_CRASH_AT"
+CRASH_STATUS = 99
+_steps_taken = 0
+
+Entry = tuple[str, str, str]  # (pool, socket, list key)
+
+
+def _step() -> None:
+    """One step of the write path: counted, and the crash point of the fault test."""
+    global _steps_taken
+    _steps_taken += 1
+    if os.environ.get(CRASH_ENV) == str(_steps_taken):
+        os._exit(CRASH_STATUS)
+
+
+def steps_taken() -> int:
+    """How many write steps this process took (the fault test iterates over them)."""
+    return _steps_taken
+
+
+def list_key(cpus: str) -> str:
+    """The identity of a cpulist: its CPUs in ascending comma form (``"26,70,27,71"`` -> ``"26,27,70,71"``)."""
+    from .cpulist import format_cmk_cpulist
+
+    return format_cmk_cpulist(int(c) for c in cpus.split(","))
+
 
 # Plans -> desired state (pure) -------------------------------------------------
 
@@ -37,7 +82,7 @@ def desired_layout(plan: dict) -> dict[str, dict]:
                 checked = []
                 for cpus in lists:
                     _check_plan_cpulist(str(cpus), name, str(socket))
-                    checked.append(str(cpus))
+                    checked.append(list_key(str(cpus)))
                 if not st._socket_ok(str(socket)):
                     raise StateError(f"plan pool {name}: socket {socket!r} is not a number", "plan")
                 sockets[str(socket)] = sorted(checked)
@@ -86,17 +131,50 @@ def current_layout(pools: dict[str, st.Pool]) -> dict[str, dict]:
     return {
         name: {
             "exclusive": pool.exclusive,
-            "sockets": {s: [cl.cpus for cl in lists] for s, lists in pool.sockets.items()},
+            "sockets": {s: sorted(list_key(cl.cpus) for cl in lists) for s, lists in pool.sockets.items()},
         }
         for name, pool in pools.items()
     }
 
 
+def current_names(pools: dict[str, st.Pool]) -> dict[Entry, str]:
+    """``(pool, socket, list key) -> directory name`` of a read state."""
+    return {
+        (name, s, list_key(cl.cpus)): cl.name
+        for name, pool in pools.items()
+        for s, lists in pool.sockets.items()
+        for cl in lists
+    }
+
+
+def desired_names(layout: dict[str, dict], keep: dict[Entry, str] | None = None) -> dict[Entry, str]:
+    """Directory names for ``layout``: the existing name of a list whose CPUs stay in
+    the same pool and socket (from ``keep``), else ``state.list_dir_name``."""
+    keep = keep or {}
+    out = {}
+    for pool, spec in layout.items():
+        for socket, keys in spec["sockets"].items():
+            for key in keys:
+                entry = (pool, socket, key)
+                out[entry] = keep.get(entry) or st.list_dir_name([int(c) for c in key.split(",")])
+    return out
+
+
 def current_tasks(pools: dict[str, st.Pool]) -> dict[str, dict[str, dict[str, list[int]]]]:
     """``pool -> socket -> cpulist -> PIDs`` of a read state."""
     return {
-        name: {s: {cl.cpus: list(cl.tasks) for cl in lists} for s, lists in pool.sockets.items()}
+        name: {s: {list_key(cl.cpus): list(cl.tasks) for cl in lists} for s, lists in pool.sockets.items()}
         for name, pool in pools.items()
+    }
+
+
+def current_starts(pools: dict[str, st.Pool]) -> dict[Entry, dict[int, int]]:
+    """Recorded start times per list entry: a marker belongs to its list, never to the PID alone."""
+    return {
+        (name, s, list_key(cl.cpus)): dict(cl.starts)
+        for name, pool in pools.items()
+        for s, lists in pool.sockets.items()
+        for cl in lists
     }
 
 
@@ -122,6 +200,7 @@ def resize_tasks(
     live: set[int],
     desired: dict[str, dict],
     handout: dict[str, list[str]],
+    stale: set[tuple[str, str, str, int]] | frozenset = frozenset(),
 ) -> tuple[dict[str, dict[str, dict[str, list[int]]]], list[dict]]:
     """Place the live tasks of the current state on the desired layout.
 
@@ -129,7 +208,9 @@ def resize_tasks(
     has it in the same pool, else moves to a free cpulist of that pool (same
     socket first, then the hand-out order); a shared/infra task keeps that
     pool's cpulist on the same socket (or the pool's first one when that
-    socket has none). Dead PIDs are dropped only from cpulists that go away;
+    socket has none). ``stale`` names ``(pool, socket, key, pid)`` entries of
+    PIDs in ``live`` whose marker on that list says another process (a reused
+    PID): those count as dead on that list only. Dead PIDs are dropped only from cpulists that go away;
     elsewhere they are left for ``cmk reconcile``. Returns ``(new tasks,
     moves)``; raises ``ResizeError`` naming the PIDs and the numbers when the
     live tasks do not fit, before anything is changed.
@@ -148,7 +229,7 @@ def resize_tasks(
                 if target is not None and cpus in target.get(socket, {}):
                     target[socket][cpus] = list(pids)  # the same list: everything stays, dead or alive
                     continue
-                keep = [pid for pid in pids if pid in live]
+                keep = [pid for pid in pids if pid in live and (pool_name, socket, cpus, pid) not in stale]
                 if keep:
                     displaced.append((socket, cpus, keep))
         if not displaced:
@@ -195,27 +276,67 @@ def resize_tasks(
 
 
 def affinity_changes(
-    old: dict[str, dict[str, dict[str, list[int]]]], new: dict[str, dict[str, dict[str, list[int]]]], live: set[int]
+    old: dict[str, dict[str, dict[str, list[int]]]],
+    new: dict[str, dict[str, dict[str, list[int]]]],
+    live: set[int],
+    stale: set[tuple[str, str, str, int]] | frozenset = frozenset(),
 ) -> dict[int, list[int]]:
     """``pid -> new CPU set`` for every live PID whose assigned CPUs differ between two task maps."""
-
-    def cpus_of(tasks: dict[str, dict[str, dict[str, list[int]]]]) -> dict[int, set[int]]:
-        out: dict[int, set[int]] = {}
-        for pool in tasks.values():
-            for lists in pool.values():
-                for cpus, pids in lists.items():
-                    for pid in pids:
-                        out.setdefault(pid, set()).update(int(c) for c in cpus.split(","))
-        return out
-
-    before, after = cpus_of(old), cpus_of(new)
+    before, after = assigned_cpus(old, stale), assigned_cpus(new, stale)
     return {pid: sorted(after[pid]) for pid in sorted(after) if pid in live and before.get(pid) != after[pid]}
 
 
-def render_state(layout: dict[str, dict], tasks: dict[str, dict[str, dict[str, list[int]]]], meta: dict) -> str:
+def assigned_cpus(
+    tasks: dict[str, dict[str, dict[str, list[int]]]], stale: set[tuple[str, str, str, int]] | frozenset = frozenset()
+) -> dict[int, set[int]]:
+    """``pid -> the CPUs of every list it holds`` (entries in ``stale`` left out)."""
+    out: dict[int, set[int]] = {}
+    for pool_name, pool in tasks.items():
+        for socket, lists in pool.items():
+            for cpus, pids in lists.items():
+                for pid in pids:
+                    if (pool_name, socket, cpus, pid) not in stale:
+                        out.setdefault(pid, set()).update(int(c) for c in cpus.split(","))
+    return out
+
+
+def carry_starts(
+    old_starts: dict[Entry, dict[int, int]],
+    new_tasks: dict[str, dict[str, dict[str, list[int]]]],
+    moves: list[dict],
+) -> dict[Entry, dict[int, int]]:
+    """Start-time markers of the new task map: each stays with its list, or goes
+    with its task when the task moves; never merged across lists."""
+    source = {}
+    for move in moves:
+        for (pool, _socket, key), starts in old_starts.items():
+            if pool == move["pool"] and key == move["from"] and move["pid"] in starts:
+                source[(pool, move["to"], move["pid"])] = starts[move["pid"]]
+    out: dict[Entry, dict[int, int]] = {}
+    for pool, sockets in new_tasks.items():
+        for socket, lists in sockets.items():
+            for key, pids in lists.items():
+                kept = old_starts.get((pool, socket, key), {})
+                starts = {}
+                for pid in pids:
+                    start = kept.get(pid, source.get((pool, key, pid)))
+                    if start is not None:
+                        starts[pid] = start
+                if starts:
+                    out[(pool, socket, key)] = starts
+    return out
+
+
+def render_state(
+    layout: dict[str, dict],
+    tasks: dict[str, dict[str, dict[str, list[int]]]],
+    meta: dict,
+    names: dict[Entry, str] | None = None,
+) -> str:
     """A text picture of a state (one line per pool flag and per cpulist) for ``--diff``."""
     import json
 
+    names = names or {}
     lines = []
     for pool, spec in sorted(layout.items()):
         lines.append(f"pools/{pool}/exclusive: {int(spec['exclusive'])}")
@@ -224,10 +345,19 @@ def render_state(layout: dict[str, dict], tasks: dict[str, dict[str, dict[str, l
                 lines.append(f"pools/{pool}/{socket}/")
             for cpus in lists:
                 pids = tasks.get(pool, {}).get(socket, {}).get(cpus, [])
-                lines.append(f"pools/{pool}/{socket}/{cpus}/tasks: {st.format_tasks(pids)}")
+                name = names.get((pool, socket, cpus)) or st.list_dir_name([int(c) for c in cpus.split(",")])
+                lines.append(f"pools/{pool}/{socket}/{name}/tasks: {st.format_tasks(pids)}")
     if meta:
         lines.append(f"{st.META}: {json.dumps(meta, sort_keys=True)}")
     return "\n".join(lines) + "\n"
+
+
+def _remove(path: str) -> None:
+    """Remove a file or a whole tree at ``path``, if anything is there."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+        os.unlink(path)
 
 
 def write_state(
@@ -237,71 +367,121 @@ def write_state(
     starts: dict[int, int],
     meta: dict,
     task_gid: int | None = None,
+    *,
+    names: dict[Entry, str] | None = None,
+    entry_starts: dict[Entry, dict[int, int]] | None = None,
 ) -> None:
     """Write the whole ``pools`` tree, then swap it in; call with the state lock held.
 
-    The new tree is built beside the old one (``<conf>/.pools.new``) and
-    renamed into place, so a reader under the lock sees either the old or the
-    new state, never a mix; an interrupted write leaves only a dot-directory
-    that the next write removes. ``cpupools.json`` is replaced atomically
-    after the swap (a stale hand-out order is harmless: unknown lists follow
-    in CMK order).
-    """
-    import shutil
+    The new tree is built beside the old one (``<conf>/.pools.new``), fsynced,
+    and renamed into place, so a reader under the lock sees either the old or
+    the new state, never a mix; an interrupted build leaves only a
+    dot-directory that the next write removes, and a kill between the two
+    renames is finished by ``state.live_tree``. ``cpupools.json`` is replaced
+    atomically after the swap (a stale hand-out order is harmless: unknown
+    lists follow in CMK order).
 
+    ``names`` gives the directory name of each ``(pool, socket, key)``
+    (default ``state.list_dir_name``); ``entry_starts`` the start-time markers
+    per list, and ``starts`` a marker per PID for lists that ``entry_starts``
+    does not name (tests write states that way).
+    """
+    names = names or {}
+    entry_starts = entry_starts or {}
     pools_dir = os.path.join(conf_dir, st.POOLS)
-    new_dir = os.path.join(conf_dir, ".pools.new")
-    old_dir = os.path.join(conf_dir, ".pools.old")
+    new_dir = os.path.join(conf_dir, st.NEW_TREE)
+    old_dir = os.path.join(conf_dir, st.OLD_TREE)
+    if not os.path.lexists(pools_dir) and os.path.isdir(old_dir) and os.path.isdir(new_dir):
+        # state.live_tree could not finish an interrupted swap: .pools.new is the only copy
+        raise StateError(f"{new_dir} holds the state of an interrupted write and cannot be moved to {pools_dir}")
     for stale in (new_dir, old_dir):
-        shutil.rmtree(stale, ignore_errors=True)
+        _step()
+        _remove(stale)
     task_dir_mode = st.MODE_DIR if task_gid is None else st.MODE_TASK_DIR_GROUP
     task_file_mode = st.MODE_FILE if task_gid is None else st.MODE_TASK_FILE_GROUP
+    _step()
     os.mkdir(new_dir, st.MODE_DIR)
+    _step()
     os.chmod(new_dir, st.MODE_DIR)
     for pool, spec in layout.items():
         pool_dir = os.path.join(new_dir, pool)
+        _step()
         os.mkdir(pool_dir)
+        _step()
         os.chmod(pool_dir, st.MODE_DIR)
+        _step()
         st.atomic_write(os.path.join(pool_dir, st.EXCLUSIVE_FLAG), "1" if spec["exclusive"] else "0", st.MODE_FILE)
         for socket, lists in spec["sockets"].items():
             socket_dir = os.path.join(pool_dir, socket)
+            _step()
             os.mkdir(socket_dir)
+            _step()
             os.chmod(socket_dir, st.MODE_DIR)
             for cpus in lists:
-                list_dir = os.path.join(socket_dir, cpus)
+                cpu_ids = [int(c) for c in cpus.split(",")]
+                name = names.get((pool, socket, cpus)) or st.list_dir_name(cpu_ids)
+                list_dir = os.path.join(socket_dir, name)
+                _step()
                 os.mkdir(list_dir)
                 if task_gid is not None:
+                    _step()
                     os.chown(list_dir, -1, task_gid)
+                _step()
                 os.chmod(list_dir, task_dir_mode)
+                if name.startswith(st.HASHED_PREFIX):
+                    from .cpulist import format_cpulist
+
+                    _step()
+                    st.atomic_write(os.path.join(list_dir, st.CPUS_FILE), format_cpulist(cpu_ids) + "\n", st.MODE_FILE)
                 pids = tasks.get(pool, {}).get(socket, {}).get(cpus, [])
+                _step()
                 st.atomic_write(os.path.join(list_dir, st.TASKS), st.format_tasks(pids), task_file_mode, task_gid)
+                own = entry_starts.get((pool, socket, cpus))
                 for pid in pids:
-                    if pid in starts:
-                        marker = os.path.join(list_dir, st.marker_name(pid, starts[pid]))
+                    start = own.get(pid) if own is not None else starts.get(pid)
+                    if start is not None:
+                        marker = os.path.join(list_dir, st.marker_name(pid, start))
+                        _step()
                         st._create_empty(marker, task_file_mode)
                         if task_gid is not None:
+                            _step()
                             os.chown(marker, -1, task_gid)
+    _step()
     _fsync_tree(new_dir)
-    if os.path.isdir(pools_dir):
+    if os.path.lexists(pools_dir):
+        _step()
         os.rename(pools_dir, old_dir)
+    _step()
     os.rename(new_dir, pools_dir)
+    _step()
     _fsync_dir(conf_dir)
-    shutil.rmtree(old_dir, ignore_errors=True)
-    write_meta(conf_dir, meta)
+    _step()
+    _remove(old_dir)
+    write_meta(conf_dir, meta, names)
 
 
-def write_meta(conf_dir: str, meta: dict) -> None:
+def order_text(meta: dict, names: dict[Entry, str] | None = None) -> str:
+    """``cpupools.order``: the hand-out order by directory name (what ``cmk isolate`` reads)."""
+    by_key = {(pool, key): name for (pool, _socket, key), name in (names or {}).items()}
+    order = {
+        pool: [by_key.get((pool, key), key) for key in keys] for pool, keys in meta.get("handout_order", {}).items()
+    }
+    return st.format_handout_order(order)
+
+
+def write_meta(conf_dir: str, meta: dict, names: dict[Entry, str] | None = None) -> None:
     import json
 
-    st.atomic_write(
-        os.path.join(conf_dir, st.META), json.dumps(meta, indent=2, sort_keys=True) + "\n", st.MODE_FILE, fsync=True
-    )
-    st.atomic_write(
-        os.path.join(conf_dir, st.ORDER),
-        st.format_handout_order(meta.get("handout_order", {})),
-        st.MODE_FILE,
-        fsync=True,
-    )
+    for name, text in (
+        (st.META, json.dumps(meta, indent=2, sort_keys=True) + "\n"),
+        (st.ORDER, order_text(meta, names)),
+    ):
+        path = os.path.join(conf_dir, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            _step()
+            _remove(path)  # only reached with force: converge refuses this damage otherwise
+        _step()
+        st.atomic_write(path, text, st.MODE_FILE, fsync=True)
 
 
 def ensure_lock_file(conf_dir: str, task_gid: int | None = None) -> bool:
@@ -356,14 +536,18 @@ def _fsync_tree(top: str) -> None:
         _fsync_dir(dirpath)
 
 
-def tree_mode_problems(conf_dir: str, layout: dict[str, dict], task_gid: int | None) -> list[str]:
+def tree_mode_problems(
+    conf_dir: str, layout: dict[str, dict], task_gid: int | None, names: dict[Entry, str] | None = None
+) -> list[str]:
     """Paths whose mode or group differ from the permission model (the module repairs them)."""
     bad = []
+    names = names or {}
     want_dir = st.MODE_DIR if task_gid is None else st.MODE_TASK_DIR_GROUP
     for pool, spec in layout.items():
         for socket, lists in spec["sockets"].items():
             for cpus in lists:
-                path = os.path.join(conf_dir, st.POOLS, pool, socket, cpus)
+                name = names.get((pool, socket, cpus)) or st.list_dir_name([int(c) for c in cpus.split(",")])
+                path = os.path.join(conf_dir, st.POOLS, pool, socket, name)
                 try:
                     info = os.stat(path)
                 except FileNotFoundError:
@@ -373,8 +557,8 @@ def tree_mode_problems(conf_dir: str, layout: dict[str, dict], task_gid: int | N
     return bad
 
 
-def process_tree(proc_fs: str, pid: int) -> list[int]:
-    """``pid`` and all its descendants (by parent PID in ``<proc_fs>/<n>/stat``)."""
+def _children(proc_fs: str) -> dict[int, list[int]]:
+    """Parent PID -> child PIDs, from ``<proc_fs>/<n>/stat`` (one scan of the process table)."""
     children: dict[int, list[int]] = {}
     for name in os.listdir(proc_fs):
         if not name.isdigit():
@@ -387,6 +571,13 @@ def process_tree(proc_fs: str, pid: int) -> list[int]:
         fields = text.rpartition(")")[2].split()
         if len(fields) > 1 and fields[1].isdigit():
             children.setdefault(int(fields[1]), []).append(int(name))
+    return children
+
+
+def process_tree(proc_fs: str, pid: int, children: dict[int, list[int]] | None = None) -> list[int]:
+    """``pid`` and all its descendants (by parent PID in ``<proc_fs>/<n>/stat``)."""
+    if children is None:
+        children = _children(proc_fs)
     out, todo = [], [pid]
     while todo:
         current = todo.pop()
@@ -397,39 +588,77 @@ def process_tree(proc_fs: str, pid: int) -> list[int]:
     return sorted(out)
 
 
-def set_affinity_tree(proc_fs: str, pid: int, cpus: list[int]) -> list[int]:
+def _threads(proc_fs: str, procs: list[int]) -> list[int]:
+    out = []
+    for proc in procs:
+        try:
+            out.extend(int(t) for t in os.listdir(f"{proc_fs}/{proc}/task") if t.isdigit())
+        except OSError:
+            continue
+    return out
+
+
+def set_affinity_tree(
+    proc_fs: str, pid: int, cpus: list[int], children: dict[int, list[int]] | None = None
+) -> list[int]:
     """Pin every thread of ``pid`` and of its descendants to ``cpus``; return the thread ids pinned.
 
     The recorded PID is the ``cmk isolate`` process; the workload is its
     child, so the whole tree is re-pinned. Threads that exit meanwhile are skipped.
     """
     pinned = []
-    for proc in process_tree(proc_fs, pid):
+    for tid in _threads(proc_fs, process_tree(proc_fs, pid, children)):
+        _step()
         try:
-            threads = [int(t) for t in os.listdir(f"{proc_fs}/{proc}/task") if t.isdigit()]
-        except OSError:
+            os.sched_setaffinity(tid, cpus)
+            pinned.append(tid)
+        except OSError:  # exited meanwhile, not ours to pin, or none of the CPUs is online (EINVAL)
             continue
-        for tid in threads:
-            try:
-                os.sched_setaffinity(tid, cpus)
-                pinned.append(tid)
-            except (ProcessLookupError, PermissionError):
-                continue
     return sorted(pinned)
 
 
-def _tasks_and_starts(pools: dict[str, st.Pool]) -> tuple[dict, dict[int, int]]:
-    tasks = current_tasks(pools)
-    starts: dict[int, int] = {}
-    for pool in pools.values():
-        for cl in pool.cpulists():
-            starts.update(cl.starts)
-    return tasks, starts
+def misplaced_tasks(
+    proc_fs: str, assigned: dict[int, set[int]], live: set[int], layout_cpus: set[int], children: dict[int, list[int]]
+) -> dict[int, list[int]]:
+    """``pid -> its lists' CPUs`` for each live task with a thread allowed outside them.
+
+    This is how re-pinning follows from the state rather than from one run's
+    moves (a run killed after the swap and before re-pinning is finished by
+    the next). A thread pinned to part of its lists is fine (a workload may
+    place its own threads); a thread allowed every CPU of the layout is a
+    task started with ``--no-affinity`` and is left alone.
+    """
+    out = {}
+    for pid in sorted(live):
+        cpus = assigned.get(pid)
+        if not cpus:
+            continue
+        for tid in _threads(proc_fs, process_tree(proc_fs, pid, children)):
+            try:
+                allowed = os.sched_getaffinity(tid)
+            except OSError:
+                continue
+            if not allowed <= cpus and not allowed >= layout_cpus:
+                out[pid] = sorted(cpus)
+                break
+    return out
 
 
-def _live(tasks: dict, starts: dict[int, int], proc_fs: str) -> set[int]:
-    pids = {pid for pool in tasks.values() for lists in pool.values() for pids in lists.values() for pid in pids}
-    return {pid for pid in pids if st.task_alive(proc_fs, pid, starts.get(pid))}
+def _entry_live(tasks: dict, starts: dict[Entry, dict[int, int]], proc_fs: str) -> set[tuple[str, str, str, int]]:
+    """``(pool, socket, key, pid)`` of every task entry whose process runs, checked against that list's own marker."""
+    seen: dict[tuple[int, int | None], bool] = {}
+    out = set()
+    for pool, sockets in tasks.items():
+        for socket, lists in sockets.items():
+            for key, pids in lists.items():
+                own = starts.get((pool, socket, key), {})
+                for pid in pids:
+                    probe = (pid, own.get(pid))
+                    if probe not in seen:
+                        seen[probe] = st.task_alive(proc_fs, pid, probe[1])
+                    if seen[probe]:
+                        out.add((pool, socket, key, pid))
+    return out
 
 
 def _holders(tasks: dict, live: set[int]) -> list[str]:
@@ -451,6 +680,40 @@ def _order_text(conf_dir: str) -> str | None:
         return None
 
 
+def _meta_temporaries(conf_dir: str) -> list[str]:
+    """Temporary files of ``cpupools.json``/``cpupools.order`` a killed run left (only the
+    module writes them, under the lock, so any found under the lock are dead)."""
+    try:
+        names = os.listdir(conf_dir)
+    except OSError:
+        return []
+    prefixes = (f".{st.META}.", f".{st.ORDER}.")
+    return sorted(os.path.join(conf_dir, n) for n in names if n.startswith(prefixes) and n.endswith(".tmp"))
+
+
+def _check_conf_files(conf_dir: str, force: bool) -> list[str]:
+    """Refuse a lock, ``cpupools.json`` or ``cpupools.order`` that is not a regular file
+    (a FIFO as the lock would block every reader); with ``force`` they are replaced.
+    Returns the paths to replace."""
+    import stat
+
+    bad = []
+    for name in (st.LOCK, st.META, st.ORDER):
+        path = os.path.join(conf_dir, name)
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISREG(info.st_mode):
+            if not force:
+                raise StateError(
+                    f"state is corrupt: {path} is not a regular file; repair it, or set force to rewrite the state",
+                    "state",
+                )
+            bad.append(path)
+    return bad
+
+
 def converge(
     conf_dir: str,
     plan: dict | None,
@@ -466,8 +729,9 @@ def converge(
     """Make ``conf_dir`` hold ``plan``'s state (or nothing when not ``present``).
 
     Returns ``changed``, ``before``/``after`` (text for ``--diff``), ``moves``,
-    ``live_tasks``, ``affinity`` (pid -> CPUs re-pinned), ``fingerprint`` and
-    ``tasks`` (pool -> cpulist -> PIDs after the run).
+    ``live_tasks``, ``affinity`` (pid -> CPUs re-pinned), ``fingerprint``,
+    ``tasks`` (pool -> cpulist -> PIDs after the run) and ``warnings``
+    (stray entries in the state, ignored).
     Raises ``StateError`` (corrupt state without ``force``, lock timeout) or
     ``ResizeError`` (live tasks that do not fit) before writing anything.
     """
@@ -476,17 +740,26 @@ def converge(
             raise StateError("a plan is required when state is present", "plan")
         desired = desired_layout(plan)
         meta = desired_meta(plan, desired)
-    result: dict = {"changed": False, "moves": [], "live_tasks": [], "affinity": {}, "before": "", "after": ""}
+    result: dict = {
+        "changed": False,
+        "moves": [],
+        "live_tasks": [],
+        "affinity": {},
+        "before": "",
+        "after": "",
+        "warnings": [],
+    }
     pools_dir = os.path.join(conf_dir, st.POOLS)
     lock_path = os.path.join(conf_dir, st.LOCK)
-    has_state = os.path.isdir(pools_dir)
-    if (
-        not present
-        and not has_state
-        and not os.path.exists(lock_path)
-        and not os.path.exists(os.path.join(conf_dir, st.META))
+    if os.path.lexists(conf_dir) and not os.path.isdir(conf_dir):
+        raise StateError(f"{conf_dir} is not a directory", "conf_dir")
+    if not present and not any(
+        os.path.lexists(os.path.join(conf_dir, name)) for name in (st.POOLS, st.LOCK, st.META, st.NEW_TREE)
     ):
         return result
+    replace = _check_conf_files(conf_dir, force)
+    if lock_path in replace and not check_mode:
+        _remove(lock_path)
     created = False
     if not os.path.exists(lock_path) or lock_mode_wrong(conf_dir, task_gid):
         created = True
@@ -496,27 +769,50 @@ def converge(
     if locked is not None:
         locked.__enter__()
     try:
+        swap_pending = not os.path.lexists(pools_dir) and st.live_tree(conf_dir, finish=False) != pools_dir
+        tree = st.live_tree(conf_dir, finish=not check_mode)
+        has_state = os.path.lexists(tree)
+        if swap_pending:
+            result["warnings"].append(
+                f"{pools_dir} was missing after an interrupted write; the complete new tree was "
+                + ("moved into place" if tree == pools_dir else f"found in {tree}")
+            )
         cur_layout: dict = {}
         cur_tasks: dict = {}
-        starts: dict[int, int] = {}
+        cur_starts: dict[Entry, dict[int, int]] = {}
+        cur_names: dict[Entry, str] = {}
         if has_state:
+            strays: list[str] = []
             try:
-                pools = st.read_state(conf_dir)
+                pools = st.read_state(conf_dir, strays=strays, finish_swap=not check_mode)
                 cur_layout = current_layout(pools)
-                cur_tasks, starts = _tasks_and_starts(pools)
+                cur_tasks = current_tasks(pools)
+                cur_starts = current_starts(pools)
+                cur_names = current_names(pools)
             except StateError as exc:
                 if not force:
                     raise StateError(
                         f"{exc}; repair it, or set force to rewrite the state (its task lists are lost)", "state"
                     ) from None
-                cur_layout, cur_tasks, starts = {"<corrupt>": {"exclusive": False, "sockets": {}}}, {}, {}
+                cur_layout, cur_tasks, cur_starts = {"<corrupt>": {"exclusive": False, "sockets": {}}}, {}, {}
+                strays = []
+            result["warnings"].extend(f"{entry}; ignored" for entry in strays)
         try:
             cur_meta = st.read_meta(conf_dir) if has_state else {}
         except StateError:
             cur_meta = {"corrupt": True}
-        live = _live(cur_tasks, starts, proc_fs)
+        entries = _entry_live(cur_tasks, cur_starts, proc_fs)
+        live = {entry[3] for entry in entries}
+        stale = {
+            (pool, socket, key, pid)
+            for pool, sockets in cur_tasks.items()
+            for socket, lists in sockets.items()
+            for key, pids in lists.items()
+            for pid in pids
+            if pid in live and (pool, socket, key, pid) not in entries
+        }
         result["live_tasks"] = sorted(live)
-        result["before"] = render_state(cur_layout, cur_tasks, cur_meta) if has_state else ""
+        result["before"] = render_state(cur_layout, cur_tasks, cur_meta, cur_names) if has_state else ""
         if not present:
             if live and not force:
                 raise ResizeError(
@@ -527,14 +823,15 @@ def converge(
                 )
             result["changed"] = True
             if not check_mode:
-                shutil.rmtree(pools_dir, ignore_errors=True)
+                for name in (st.NEW_TREE, st.OLD_TREE, st.POOLS):
+                    _remove(os.path.join(conf_dir, name))
                 for name in (st.META, st.ORDER, st.LOCK):
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(os.path.join(conf_dir, name))
+                    _remove(os.path.join(conf_dir, name))
                 with contextlib.suppress(OSError):  # not empty: something else lives there; leave it
                     os.rmdir(conf_dir)
             return result
-        new_tasks, moves = resize_tasks(cur_tasks, live, desired, meta["handout_order"])
+        new_tasks, moves = resize_tasks(cur_tasks, live, desired, meta["handout_order"], stale)
+        names = desired_names(desired, cur_names)
         result["moves"] = moves
         result["fingerprint"] = meta["fingerprint"]
         # What the state holds after this run, pool -> cpulist -> PIDs (every
@@ -543,26 +840,57 @@ def converge(
             pool: {cpus: list(pids) for lists in sockets.values() for cpus, pids in lists.items()}
             for pool, sockets in new_tasks.items()
         }
-        result["after"] = render_state(desired, new_tasks, meta)
+        result["after"] = render_state(desired, new_tasks, meta, names)
+        new_starts = carry_starts(cur_starts, new_tasks, moves)
         need_tree = (
             not has_state
             or cur_layout != desired
+            or names != cur_names
             or new_tasks != cur_tasks
-            or bool(tree_mode_problems(conf_dir, desired, task_gid))
+            or new_starts != {e: s for e, s in cur_starts.items() if s}
+            or bool(tree_mode_problems(conf_dir, desired, task_gid, names))
         )
-        need_meta = cur_meta != meta or _order_text(conf_dir) != st.format_handout_order(meta["handout_order"])
-        result["changed"] = created or need_tree or need_meta
-        affinity = affinity_changes(cur_tasks, new_tasks, live)
+        need_meta = bool(replace) or cur_meta != meta or _order_text(conf_dir) != order_text(meta, names)
+        affinity = affinity_changes(cur_tasks, new_tasks, live, stale)
+        if update_affinity and live:
+            children = _children(proc_fs)
+            layout_cpus = {
+                int(c)
+                for spec in desired.values()
+                for keys in spec["sockets"].values()
+                for k in keys
+                for c in k.split(",")
+            }
+            for pid, cpus in misplaced_tasks(
+                proc_fs, assigned_cpus(new_tasks, stale), live, layout_cpus, children
+            ).items():
+                affinity.setdefault(pid, cpus)
+        else:
+            children = {}
+        affinity = dict(sorted(affinity.items()))
         result["affinity"] = {str(pid): cpus for pid, cpus in affinity.items()}
+        # Dot-trees of an interrupted write (a partial .pools.new, a .pools.old the swap left) go too.
+        leftovers = [
+            path
+            for path in (os.path.join(conf_dir, st.NEW_TREE), os.path.join(conf_dir, st.OLD_TREE))
+            if path != tree and os.path.lexists(path)
+        ] + _meta_temporaries(conf_dir)
+        result["changed"] = (
+            created or swap_pending or need_tree or need_meta or bool(leftovers) or (update_affinity and bool(affinity))
+        )
         if check_mode or not result["changed"]:
             return result
         if need_tree:
-            write_state(conf_dir, desired, new_tasks, starts, meta, task_gid)
+            write_state(conf_dir, desired, new_tasks, {}, meta, task_gid, names=names, entry_starts=new_starts)
         elif need_meta:
-            write_meta(conf_dir, meta)
+            write_meta(conf_dir, meta, names)
+        for path in leftovers:
+            if os.path.lexists(path):  # write_state removed the dot-trees already
+                _step()
+                _remove(path)
         if update_affinity:
             for pid, cpus in affinity.items():
-                set_affinity_tree(proc_fs, pid, cpus)
+                set_affinity_tree(proc_fs, pid, cpus, children)
         return result
     finally:
         if locked is not None:

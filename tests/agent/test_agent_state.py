@@ -10,6 +10,7 @@ import pytest
 from agent_support import PLAN_2X, make_plan, write_plan_state
 from cpupools import state as st
 from cpupools import state_writer as sw
+from cpupools.cpulist import format_cpulist
 from cpupools.errors import LockTimeoutError, ResizeError, StateError, UsageError
 from cpupools.plan import make_request, plan_pools
 from cpupools.topology import gather_topology
@@ -200,3 +201,117 @@ def test_resize_refuses_a_pool_that_disappears_under_live_tasks():
     desired, order = _desired(["1,45", "2,46", "3,47"], ["23,67"], [], [])
     with pytest.raises(ResizeError, match=r"PID 500, 501, 600 hold 2 cpulist\(s\) but the new plan has no cpulist"):
         sw.resize_tasks(OLD, {500, 501, 600}, desired, order)
+
+
+# Names of big lists (issue 10) ---------------------------------------------------
+
+#: Every other core of a 2 x 128 SMT2 socket 0: too fragmented even for ranges.
+FRAGMENTED = [c for core in range(0, 128, 2) for c in (core, core + 256)]
+
+
+def test_list_names_take_the_first_form_that_fits():
+    assert st.list_dir_name([2, 46]) == "2,46"  # CMK's form, as every exclusive list
+    contiguous = [*range(64), *range(512, 576)]
+    assert st.list_dir_name(contiguous) == "0-63,512-575"  # the comma form is 474 bytes
+    name = st.list_dir_name(FRAGMENTED)
+    assert name.startswith("cpus-128-") and len(name) == len("cpus-128-") + 16
+    assert st.list_dir_name(list(reversed(FRAGMENTED))) == name  # stable: a function of the set
+    for cpus in ([2, 46], contiguous, FRAGMENTED, list(range(1024))):
+        assert len(st.list_dir_name(cpus)) <= st.NAME_MAX
+
+
+def test_every_reader_reads_the_three_forms(tmp_path):
+    contiguous = ",".join(str(c) for c in range(384, 511))
+    fragmented = ",".join(map(str, sorted(FRAGMENTED)))
+    plan = make_plan({"exclusive": {"0": ["1,257"]}, "shared": {"0": [fragmented]}, "infra": {"0": [contiguous]}})
+    conf = write_plan_state(tmp_path / "cmk", plan)
+    shared = st.read_state(str(conf))["shared"].cpulists()[0]
+    assert shared.name.startswith(st.HASHED_PREFIX) and shared.cpus == fragmented
+    assert (conf / "pools/shared/0" / shared.name / "cpus").read_text() == format_cpulist(FRAGMENTED) + "\n"
+    infra = st.read_state(str(conf))["infra"].cpulists()[0]
+    assert infra.name == "384-510" and infra.cpus == contiguous
+    assert sw.current_layout(st.read_state(str(conf))) == sw.desired_layout(plan)
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("0-1", "the comma form 0,1 fits: a range name is not this list's name"),
+        ("cpus-2-0123456789abcdef", "the digest does not match the cpus file"),
+        ("cpus-9-nofile", "no cpus file"),
+        ("x", "not a cpulist at all"),
+    ],
+)
+def test_names_in_no_valid_form_are_corrupt_or_stray(tmp_path, name, why):
+    conf = write_plan_state(tmp_path / "cmk", PLAN_2X)
+    bad = conf / "pools/exclusive/0" / name
+    bad.mkdir()
+    (bad / "tasks").write_text("")
+    if name.startswith("cpus-2"):
+        (bad / "cpus").write_text("5,7\n")
+    with pytest.raises(StateError, match="is not a cpulist directory"):
+        st.read_state(str(conf))
+    strays: list[str] = []
+    pools = st.read_state(str(conf), strays=strays)  # the module's reading: reported, not fatal
+    assert strays == [f"{bad} is not a cpulist directory (expected a name like 2,46)"], why
+    assert [cl.name for cl in pools["exclusive"].cpulists()] == ["0", "1"]
+
+
+def test_stray_entries_anywhere_are_reported_and_skipped(tmp_path):
+    conf = write_plan_state(tmp_path / "cmk", PLAN_2X)
+    (conf / "pools/README").write_text("hand-written notes")
+    (conf / "pools/backup").mkdir()
+    (conf / "pools/exclusive/notes.txt").write_text("")
+    strays: list[str] = []
+    pools = st.read_state(str(conf), strays=strays)
+    assert sorted(pools) == ["exclusive", "shared"]
+    assert strays == [
+        f"{conf}/pools/README is not a pool directory",
+        f"{conf}/pools/backup/exclusive is missing",
+        f"{conf}/pools/exclusive/notes.txt is not a socket directory (name must be a number)",
+    ]
+
+
+def test_markers_belong_to_their_list_not_to_the_pid():
+    """A stale entry of PID P on one list must not lend its start time to P on another."""
+    old = {"exclusive": {"0": {"1": [77], "2": [77]}}}
+    starts = {("exclusive", "0", "1"): {77: 111}, ("exclusive", "0", "2"): {77: 222}}
+    new = {"exclusive": {"0": {"1": [77], "3": [77]}}}
+    moves = [{"pid": 77, "pool": "exclusive", "from": "2", "to": "3", "socket": "0"}]
+    assert sw.carry_starts(starts, new, moves) == {
+        ("exclusive", "0", "1"): {77: 111},
+        ("exclusive", "0", "3"): {77: 222},
+    }
+    # A live 77 whose marker matches only list "2": on "1" it is a dead entry, moved nowhere.
+    desired = sw.desired_layout(make_plan({"exclusive": {"0": ["2", "3"]}}))
+    placed, moved = sw.resize_tasks(old, {77}, desired, {}, stale={("exclusive", "0", "1", 77)})
+    assert placed == {"exclusive": {"0": {"2": [77], "3": []}}} and moved == []
+
+
+def test_an_interrupted_swap_is_predicted_in_check_mode_and_finished_by_the_next_run(tmp_path):
+    """Killed between the two renames: pools/ missing, .pools.old and the complete .pools.new beside it."""
+    import shutil
+
+    conf = write_plan_state(tmp_path / "cmk", PLAN_2X, {"exclusive": {"0": {"1": [os.getpid()]}}})
+    os.rename(conf / "pools", conf / st.OLD_TREE)
+    shutil.copytree(conf / st.OLD_TREE, conf / st.NEW_TREE)
+    before = sorted(p.name for p in conf.iterdir())
+    check = sw.converge(str(conf), PLAN_2X, check_mode=True, update_affinity=False)
+    assert check["changed"] is True and check["live_tasks"] == [os.getpid()]
+    assert "was missing after an interrupted write" in check["warnings"][0]
+    assert sorted(p.name for p in conf.iterdir()) == before  # check mode renamed nothing
+    real = sw.converge(str(conf), PLAN_2X, update_affinity=False)
+    assert real["changed"] is True and real["tasks"]["exclusive"] == {"0": [], "1": [os.getpid()]}
+    assert sorted(p.name for p in conf.iterdir()) == ["cpupools.json", "cpupools.order", "lock", "pools"]
+    assert sw.converge(str(conf), PLAN_2X, update_affinity=False)["changed"] is False
+
+
+def test_temporary_metadata_files_of_a_killed_run_are_removed(tmp_path):
+    conf = write_plan_state(tmp_path / "cmk", PLAN_2X)
+    sw.converge(str(conf), PLAN_2X, update_affinity=False)
+    (conf / ".cpupools.json.4242.tmp").write_text("{")  # killed inside atomic_write
+    assert sw.converge(str(conf), PLAN_2X, check_mode=True)["changed"] is True
+    assert (conf / ".cpupools.json.4242.tmp").exists()
+    assert sw.converge(str(conf), PLAN_2X)["changed"] is True
+    assert not (conf / ".cpupools.json.4242.tmp").exists()
+    assert sw.converge(str(conf), PLAN_2X)["changed"] is False
