@@ -37,7 +37,7 @@ options:
     default: auto
   root:
     description:
-      - Root directory of the host: the boot loader files are read and written under it (tests use a fixture tree).
+      - Root directory of the host; the boot loader files are read and written under it (tests use a fixture tree).
     type: path
     default: /
   facts_root:
