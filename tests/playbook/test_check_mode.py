@@ -47,6 +47,7 @@ class Checkout:
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(src, dest)
         self.count = 0
+        self.last_check: PlaybookResult | None = None
 
     def run(self, playbook: str, *args: str, inventory: Path | None = None, **extra) -> PlaybookResult:
         self.count += 1
@@ -92,6 +93,7 @@ def check_then_apply(
     check = checkout.run(playbook, "--check", "--diff", *args, inventory=inventory, **extra)
     assert check.rc == 0, check.stdout[-4000:] + check.stderr[-2000:]
     assert checkout.snapshot(*roots) == before, "check mode wrote something"
+    checkout.last_check = check
     real = checkout.run(playbook, *args, inventory=inventory, **extra)
     assert real.rc == 0, real.stdout[-4000:] + real.stderr[-2000:]
     for host in hosts:
@@ -118,6 +120,10 @@ def test_fresh_rerun_resize_uninstall(checkout):
     assert not (checkout.dir / "build").exists() and not (checkout.dir / "sandbox").exists()
     first = check_then_apply(checkout, "site.yml")
     assert first.changed() > 0
+    # The check run built the agent in a temporary directory of the controller, and removed it.
+    stage = checkout.last_check.result("Create a temporary directory for the check-mode build")["path"]
+    assert stage.startswith(f"{checkout.tmp}/cpupools-agent-check-") and not Path(stage).exists()
+    assert checkout.last_check.result("Build the cmk zipapp on the controller")["changed"] is True
     assert (checkout.dir / "build" / "agent" / "cmk.pyz").is_file()
     assert (sandbox(checkout) / "etc/default/grub.d/99-cpupools.cfg").is_file()
     assert (checkout.dir / "sandbox" / "report.html").is_file()
