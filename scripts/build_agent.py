@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Build the ``cmk`` node agent: a zipapp of module_utils/cpupools, byte-identical on every build.
 
-Usage: ``python3 scripts/build_agent.py [--shebang=LINE] [OUTPUT]`` (default ``build/cmk``).
+Usage: ``python3 scripts/build_agent.py [--shebang=LINE] [--check [--stage=DIR]] [OUTPUT]`` (default ``build/cmk``).
 Writes two files: ``OUTPUT.pyz``, the zipapp (runnable by itself:
 ``python3 cmk.pyz isolate ...``), and ``OUTPUT``, a five-line launcher that
 imports the agent from the ``.pyz`` beside it. The launcher exists for start-up
@@ -14,6 +14,13 @@ faster (no ``site``: no .pth files, no sitecustomize) and keeps a workload's
 ``env`` that knows ``-S`` (coreutils 8.30 or newer; not busybox).
 Prints ``<sha256>  <path>  written|unchanged`` for both; rewrites a file only when its bytes
 differ, so an unchanged build keeps its mtime.
+
+``--check`` writes nothing at OUTPUT: it builds in memory and prints
+``would be written`` or ``unchanged``, exactly as the real build would decide
+(Ansible's check mode runs it, so ``--check`` on a fresh checkout creates no
+``build/``). ``--stage=DIR`` (with ``--check``) writes the two files into DIR
+instead, a temporary directory, so the copy task can compare them with the
+node's files and predict its own change.
 
 Determinism: files in sorted order, a fixed timestamp (1980-01-01), fixed
 permissions, no compression. Each module is stored as source and as an
@@ -89,12 +96,20 @@ def build() -> bytes:
     return buf.getvalue()
 
 
-def _install(path: str, data: bytes) -> None:
+def _install(path: str, data: bytes, check: bool = False, stage: str | None = None) -> None:
     try:
         with open(path, "rb") as handle:
             same = handle.read() == data
     except FileNotFoundError:
         same = False
+    if check:
+        if stage is not None:
+            staged = os.path.join(stage, os.path.basename(path))
+            with open(staged, "wb") as handle:
+                handle.write(data)
+            os.chmod(staged, 0o755)
+        print(f"{hashlib.sha256(data).hexdigest()}  {path}  {'unchanged' if same else 'would be written'}")
+        return
     if not same:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"
@@ -107,18 +122,27 @@ def _install(path: str, data: bytes) -> None:
 
 def main(argv: list[str]) -> int:
     shebang = DEFAULT_SHEBANG
+    check = False
+    stage = None
     args = []
     for arg in argv[1:]:
         if arg.startswith("--shebang="):
             shebang = arg.partition("=")[2].strip().removeprefix("#!")
+        elif arg == "--check":
+            check = True
+        elif arg.startswith("--stage="):
+            stage = arg.partition("=")[2]
         else:
             args.append(arg)
+    if stage is not None and (not check or not os.path.isdir(stage)):
+        print(f"build_agent.py: --stage={stage!r} needs --check and an existing directory", file=sys.stderr)
+        return 2
     if not shebang.startswith("/") or "\n" in shebang:
         print(f"build_agent.py: --shebang={shebang!r} must be an absolute interpreter path", file=sys.stderr)
         return 2
     output = args[0] if args else os.path.join(REPO, "build", "cmk")
-    _install(output + ".pyz", build())
-    _install(output, LAUNCHER.format(shebang=shebang).encode())
+    _install(output + ".pyz", build(), check, stage)
+    _install(output, LAUNCHER.format(shebang=shebang).encode(), check, stage)
     return 0
 
 

@@ -206,3 +206,60 @@ def test_housekeeping_outputs(plan_2s):
     assert out["cpu_affinity"] == plan_2s["housekeeping_cpus"].replace(",", " ")
     assert out["irqbalance_banned_cpulist"] == plan_2s["isolated_cpus"]
     assert out["kubelet_system_reserved_cpu"] == "16"
+
+
+GENERATED_GRUB_CFG = """\
+menuentry 'Debian GNU/Linux' --class debian {
+\tlinux\t/boot/vmlinuz-6.1.0-18-amd64 root=UUID=1 ro console=ttyS0 isolcpus=managed_irq,domain,1-3 quiet splash
+}
+submenu 'Advanced options' {
+\tmenuentry 'Debian GNU/Linux, recovery mode' {
+\t\tlinux16\t/boot/vmlinuz-6.1.0-18-amd64 root=UUID=1 ro single console=ttyS0 isolcpus=managed_irq,domain,1-3
+\t}
+}
+"""
+
+
+def test_grub_cfg_cmdlines_are_the_arguments_of_every_linux_line():
+    lines = kargs.grub_cfg_cmdlines(GENERATED_GRUB_CFG)
+    assert lines == [
+        "root=UUID=1 ro console=ttyS0 isolcpus=managed_irq,domain,1-3 quiet splash",
+        "root=UUID=1 ro single console=ttyS0 isolcpus=managed_irq,domain,1-3",
+    ]
+    assert kargs.grub_cfg_cmdlines("insmod blscfg\nblscfg\n") == []
+
+
+def test_boot_differences_accept_normal_and_recovery_entries_and_compare_by_meaning():
+    booted = kargs.grub_cfg_cmdlines(GENERATED_GRUB_CFG)
+    # Compared by meaning: the same flags and CPUs written another way agree.
+    same = ["isolcpus=domain,managed_irq,1,2,3 quiet splash", "isolcpus=managed_irq,domain,1-3"]
+    assert kargs.boot_differences("/boot/grub/grub.cfg", booted, same) == []
+    # A normal entry may carry GRUB_CMDLINE_LINUX_DEFAULT, a recovery entry not: either expectation will do.
+    default_only = ["isolcpus=managed_irq,domain,1-3 nohz_full=1", "isolcpus=managed_irq,domain,1-3"]
+    assert kargs.boot_differences("/boot/grub/grub.cfg", booted, default_only) == []
+    assert kargs.boot_differences("/boot/grub/grub.cfg", booted, default_only[:1]) != []
+    wanted = ["isolcpus=managed_irq,domain,1-5 nohz_full=1-3"]
+    diffs = kargs.boot_differences("/boot/grub/grub.cfg", booted, wanted)
+    assert diffs == [
+        {"file": "/boot/grub/grub.cfg", "entry": n, "arg": arg, "boots": boots, "configured": configured}
+        for n in (1, 2)
+        for arg, boots, configured in (
+            ("isolcpus", "managed_irq,domain,1-3", "managed_irq,domain,1-5"),
+            ("nohz_full", None, "1-3"),
+        )
+    ]
+    assert kargs.describe_differences(diffs) == (
+        "/boot/grub/grub.cfg entry 1 boots isolcpus=managed_irq,domain,1-3, "
+        "configured isolcpus=managed_irq,domain,1-5; "
+        "/boot/grub/grub.cfg entry 1 boots nohz_full=(none), configured nohz_full=1-3; "
+        "/boot/grub/grub.cfg entry 2 boots isolcpus=managed_irq,domain,1-3, "
+        "configured isolcpus=managed_irq,domain,1-5; "
+        "/boot/grub/grub.cfg entry 2 boots nohz_full=(none), configured nohz_full=1-3"
+    )
+    assert kargs.describe_differences(diffs + diffs).endswith("; and 4 more")
+
+
+def test_bls_entry_keys():
+    text = "# comment\ntitle Fedora Linux\nversion 6.8.5-301.fc40.x86_64\noptions root=UUID=1 ro isolcpus=2\n"
+    entry = kargs.bls_entry(text)
+    assert entry["version"] == "6.8.5-301.fc40.x86_64" and entry["options"] == "root=UUID=1 ro isolcpus=2"

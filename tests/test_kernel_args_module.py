@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -78,7 +79,17 @@ def make_backend_root(make_root, backend: str) -> Path:
         image = root / "usr" / "lib" / "modules" / RELEASE / "vmlinuz"
         image.parent.mkdir(parents=True)
         image.write_bytes(b"")
+    boot_tool(root, backend)
     return root
+
+
+def boot_tool(root: Path, backend: str) -> None:
+    """Generate the boot configuration as the node's tool would (a node always has one: grub.cfg, BLS entries)."""
+    if backend == "grub":
+        subprocess.run([str(root / "usr/sbin/update-grub")], check=True)
+    elif backend == "kernel-install":
+        image = root / "usr" / "lib" / "modules" / RELEASE / "vmlinuz"
+        subprocess.run([str(root / "usr/sbin/kernel-install"), "add", RELEASE, str(image)], check=True)
 
 
 def configured_args(root: Path, backend: str) -> str:

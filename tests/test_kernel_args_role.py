@@ -179,3 +179,34 @@ def test_real_grub_mkconfig_renders_our_arguments_into_every_linux_line(make_roo
     for line in linux_lines:
         assert f"console=ttyS0,115200 mitigations=off {ours}" in line, line
     assert any("quiet splash" in line for line in linux_lines)
+
+
+def test_a_boot_loader_update_that_failed_once_is_repaired_by_the_next_run(make_root, playbook, tmp_path):
+    from helpers import ansible_env
+
+    root = make_backend_root(make_root, "grub")  # with the grub.cfg of the operator's arguments only
+    log = tmp_path / "commands.log"
+    variables = role_vars(root, log)
+    grub_cfg = root / "boot/grub/grub.cfg"
+    old_cfg = grub_cfg.read_text()
+
+    failed = playbook(ROLE_PLAYBOOK, variables, env=ansible_env(FAKE_UPDATE_GRUB_FAIL="1"))
+    assert failed.rc != 0
+    assert "update-grub failed (exit 1): fake update-grub: failing on purpose" in failed.messages()
+    assert (root / "etc/default/grub.d/99-cpupools.cfg").exists() and grub_cfg.read_text() == old_cfg
+
+    repaired = playbook(ROLE_PLAYBOOK, variables)
+    assert repaired.rc == 0, repaired.stdout
+    assert repaired.changed() == 2, "the task sees grub.cfg disagree, its handler regenerates"
+    task = repaired.result("Write the kernel arguments into the boot loader configuration")
+    assert task["actions"] == [f"regenerate the boot configuration ({root}/usr/sbin/update-grub)"]
+    assert {d["arg"] for d in task["boot_config"]["differences"]} == set(kargs.OWNED)
+    assert any("disagrees with the kernel arguments" in w for w in task.get("warnings", []))
+    assert repaired.result("Regenerate the boot loader configuration")["changed"] is True
+    cfg = grub_cfg.read_text()
+    for key, value in task["args"].items():
+        assert cfg.count(f"{key}={value}") == 2, cfg  # normal and recovery entry
+
+    settled = playbook(ROLE_PLAYBOOK, variables)
+    assert settled.rc == 0 and settled.changed() == 0, settled.stdout
+    assert grub_cfg.read_text() == cfg

@@ -1,7 +1,7 @@
 """Kernel arguments derived from the plan, and the boot loader files that hold them.
 
-Pure text in, text out: the module shell (``library/cpupools_kernel_args.py``)
-does the reading, writing and running of commands.
+Pure text in, text out: ``bootloader.py`` does the reading, writing and
+running of commands.
 
 cpupools owns exactly four kernel arguments (``OWNED``): ``isolcpus``,
 ``nohz_full``, ``rcu_nocbs`` and ``irqaffinity``. Every other argument on a
@@ -15,6 +15,12 @@ command line belongs to the operator and is carried through byte for byte.
 * Backends: the GRUB drop-in (``evaluate_grub_files``, ``render_grub_dropin``,
   ``read_grub_dropin``), ``grubby --info=ALL`` output (``parse_grubby_info``,
   ``grubby_update_argv``) and ``/etc/kernel/cmdline`` (``edit_cmdline``).
+* What the boot loader will actually boot: the ``linux`` lines of a generated
+  ``grub.cfg`` (``grub_cfg_cmdlines``), BLS entries (``bls_entry``), compared
+  with the configuration by ``boot_differences``.
+
+The I/O around them (reading under the root, writing, running the boot loader
+tools) is in ``bootloader.py``.
 """
 
 from __future__ import annotations
@@ -723,6 +729,68 @@ def grubby_update_argv(entries: Sequence[Mapping], desired: Mapping[str, str | N
     if add:
         argv.append("--args=" + " ".join(add))
     return argv
+
+
+# What the boot loader will boot (generated grub.cfg, BLS entries) ----------------
+
+_LINUX_CMDS = ("linux", "linux16", "linuxefi")
+
+
+def grub_cfg_cmdlines(text: str) -> list[str]:
+    """The arguments of every ``linux`` line of a generated ``grub.cfg`` (kernel path left out)."""
+    out = []
+    for raw in text.splitlines():
+        words = raw.strip().split(None, 2)
+        if len(words) >= 2 and words[0] in _LINUX_CMDS:
+            out.append(words[2] if len(words) == 3 else "")
+    return out
+
+
+def bls_entry(text: str) -> dict[str, str]:
+    """The keys of a Boot Loader Specification entry (``version``, ``options``, ...); first value wins."""
+    entry: dict[str, str] = {}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, _, value = line.partition(" ")
+        entry.setdefault(key, value.strip())
+    return entry
+
+
+def boot_differences(where: str, booted: Sequence[str], expected: Sequence[str]) -> list[dict]:
+    """Owned arguments on which a boot entry disagrees with the configuration.
+
+    ``booted``: the argument string of each generated boot entry; ``expected``:
+    the command lines one entry may rightly have (GRUB gives normal entries
+    ``GRUB_CMDLINE_LINUX_DEFAULT`` too, recovery entries not). One item per
+    owned key and entry that matches none of them, compared by meaning.
+    """
+    wants = [{key: _merged(key, owned_values(line).get(key, [])) for key in OWNED} for line in expected]
+    out = []
+    for number, line in enumerate(booted, start=1):
+        have = {key: _merged(key, owned_values(line).get(key, [])) for key in OWNED}
+        if any(all(_normal(k, have[k]) == _normal(k, want[k]) for k in OWNED) for want in wants):
+            continue
+        want = wants[0]
+        for key in OWNED:
+            if _normal(key, have[key]) != _normal(key, want[key]):
+                out.append({"file": where, "entry": number, "arg": key, "boots": have[key], "configured": want[key]})
+    return out
+
+
+def describe_differences(differences: Sequence[Mapping]) -> str:
+    """One line for a person: ``/boot/grub/grub.cfg entry 1 boots isolcpus=(none), configured isolcpus=1-3``."""
+    parts = []
+    for item in differences[:4]:
+        boots = "(none)" if item["boots"] is None else item["boots"]
+        configured = "(none)" if item["configured"] is None else item["configured"]
+        parts.append(
+            f"{item['file']} entry {item['entry']} boots {item['arg']}={boots}, configured {item['arg']}={configured}"
+        )
+    if len(differences) > 4:
+        parts.append(f"and {len(differences) - 4} more")
+    return "; ".join(parts)
 
 
 # Host-side outputs -----------------------------------------------------------------
