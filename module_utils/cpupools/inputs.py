@@ -314,7 +314,7 @@ def _task_group(raw: object, field: str) -> str:
 SPEC: dict[str, Var] = {
     # cpupools_plan
     "root": _var("plan agent kernel", _path(), "/", "path"),
-    "facts_root": _var("plan", _path(), "/", "path", derived=True),
+    "facts_root": _var("plan kernel", _path(), "/", "path", derived=True),
     "num_exclusive_cores": _var("plan", to_count, 4, "int"),
     "num_shared_cores": _var("plan", to_count, 1, "int"),
     "exclusive_mode": _var("plan", _choice(MODES), "packed", choices=MODES),
@@ -426,6 +426,8 @@ INTERNAL = frozenset(
         "agent_build",
         "agent_build_script",
         "agent_build_output",
+        "agent_build_src",
+        "agent_stage",
         "agent_unit",
         "agent_unit_dir",
         "agent_dest",
