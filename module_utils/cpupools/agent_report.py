@@ -17,10 +17,14 @@ from .errors import CpupoolsError
 
 
 def reconcile_pass(conf: str, proc_fs: str, timeout: float) -> tuple[list[dict], dict[str, tuple[int, int]]]:
-    """One pass under the lock: free the cpulists of dead tasks and of reused PIDs.
+    """One pass under the lock: free the cpulists of dead tasks, drop stale start-time markers.
 
-    Returns CMK's ``reclaimedCpuLists`` entries (``pid``, ``pool``, ``cpus``)
-    sorted by PID, and per pool ``(cpulists, free cpulists)`` after the pass.
+    Only a PID that does not run is freed (``state.task_alive``): a running
+    PID whose marker disagrees may belong to a CMK isolate that took the list
+    after CMK's reconcile dropped our dead task, so it is kept, its marker
+    removed, and a line on stderr says so. Returns CMK's
+    ``reclaimedCpuLists`` entries (``pid``, ``pool``, ``cpus``) sorted by PID,
+    and per pool ``(cpulists, free cpulists)`` after the pass.
     """
     reclaimed: list[dict] = []
     sizes: dict[str, tuple[int, int]] = {}
@@ -31,6 +35,11 @@ def reconcile_pass(conf: str, proc_fs: str, timeout: float) -> tuple[list[dict],
             lists = pool.cpulists()
             for cl in lists:
                 tasks = cl.tasks
+                for pid in st.drop_stale_markers(cl, proc_fs):
+                    sys.stderr.write(
+                        f"cmk reconcile: PID {pid} on {name}:{cl.cpus} is not the process that took the list "
+                        "(other start time); kept while it runs (a CMK isolate may hold it)\n"
+                    )
                 if not tasks:
                     continue
                 starts = cl.starts

@@ -160,16 +160,43 @@ def read_proc_stat(proc_fs: str, pid: int | str) -> tuple[int, str, int] | None:
         return None
 
 
-def task_alive(proc_fs: str, pid: int, start: int | None) -> bool:
-    """True when ``pid`` runs and, if its start time was recorded, is the same process.
+def task_alive(proc_fs: str, pid: int, start: int | None = None) -> bool:
+    """True while ``pid`` runs; a zombie counts as dead (the isolate has exited).
 
-    A zombie counts as dead: the isolate process has exited, only its exit
-    status is left for its parent.
+    ``start``, the start time a marker recorded, does not decide: a marker
+    that disagrees proves only that the process which took the list is gone,
+    not that the PID holds nothing. CMK v1.4's reconcile drops a dead PID from
+    ``tasks`` and leaves our marker behind; a CMK isolate that gets the same
+    PID again takes the list and writes no marker. A running PID is therefore
+    kept, whatever its marker says; only a PID that does not run is freed
+    (docs/cmk-comparison.md, "Running next to CMK").
     """
+    del start  # kept in the signature: callers pass what they recorded, see above
     stat = read_proc_stat(proc_fs, pid)
-    if stat is None or stat[1] in ("Z", "X"):
-        return False
-    return start is None or stat[2] == start
+    return stat is not None and stat[1] not in ("Z", "X")
+
+
+def drop_stale_markers(cpulist: CpuList, proc_fs: str) -> list[int]:
+    """Remove the markers that no longer describe a task of ``cpulist``; call under the lock.
+
+    A marker is stale when its PID is not in ``tasks`` (an orphan: CMK's
+    reconcile or a crash removed the PID and not the marker) or when that PID
+    runs with another start time (the process that took the list is gone; the
+    PID, kept while it runs, is then a task without a marker, as CMK writes
+    them). Returns the PIDs of the second kind.
+    """
+    tasks = cpulist.tasks
+    starts = cpulist.starts
+    reused = []
+    for pid, start in sorted(starts.items()):
+        if pid in tasks:
+            stat = read_proc_stat(proc_fs, pid)
+            if stat is None or stat[2] == start:
+                continue  # ours and running, or dead: reconcile frees it with its marker
+            reused.append(pid)
+        _unlink(os.path.join(cpulist.path, marker_name(pid, start)))
+        del starts[pid]
+    return reused
 
 
 # Reading ---------------------------------------------------------------------
