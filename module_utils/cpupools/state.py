@@ -13,6 +13,8 @@ cpulist directories and reads only ``tasks`` inside a cpulist directory):
     <conf>/cpupools.json                                        plan fingerprint + hand-out order
     <conf>/cpupools.order                                       hand-out order, one line per
                                                                 exclusive pool (read by isolate)
+    <conf>/cpupools.agent                                       the agent's node defaults
+                                                                (``isolate_shell=0|1``)
     <conf>/pools/<pool>/<socket>/<cpulist>/task.<pid>.<start>   empty marker: the start time
                                                                 (field 22 of /proc/PID/stat) of
                                                                 each task, to catch PID reuse
@@ -51,6 +53,8 @@ LOCK = "lock"
 POOLS = "pools"
 META = "cpupools.json"
 ORDER = "cpupools.order"
+#: The node agent's settings (``key=value`` lines), written by the cpupools_agent role.
+AGENT_SETTINGS = "cpupools.agent"
 TASKS = "tasks"
 MARKER = "task."
 EXCLUSIVE_FLAG = "exclusive"

@@ -510,7 +510,7 @@ def converge(
             result["changed"] = True
             if not check_mode:
                 shutil.rmtree(pools_dir, ignore_errors=True)
-                for name in (st.META, st.ORDER, st.LOCK):
+                for name in (st.META, st.ORDER, st.AGENT_SETTINGS, st.LOCK):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(os.path.join(conf_dir, name))
                 with contextlib.suppress(OSError):  # not empty: something else lives there; leave it
