@@ -175,7 +175,6 @@ def isolate_shell(environ: dict[str, str] | os._Environ, conf: str) -> bool:
     return value
 
 
-
 class _Signals:
     """Forward TERM/INT/HUP to the child; remember those that arrive before it exists."""
 
