@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmarks of the cmk node agent; prints figures, asserts nothing.
 
-    python3 bench/bench_agent.py [--runs N]
+    python3 bench/bench_agent.py [--runs N] [--only-big-reconcile]
 
 1. start-up: ``cmk isolate --pool=shared -- /bin/true`` against
    ``python3 -I -c pass``, interleaved in one run (median and minimum of
@@ -12,7 +12,11 @@
    fixed time; cycles per second, and how often a worker found no free list;
 3. reconcile: one pass over a state holding 1,000 task entries (half of them
    dead); median wall time of the pass in-process (target: under 100 ms) and
-   of the whole ``cmk reconcile`` command.
+   of the whole ``cmk reconcile`` command;
+4. lock waits during a big reconcile: ``cmk reconcile`` over 10,000 dead
+   entries, one cpulist each, while a prober takes the state lock the way
+   ``cmk isolate`` does every 5 ms; the longest and the 99th-percentile wait
+   (target: every wait under 100 ms), and how long the pass took.
 
 The state lives in a temporary directory on the same file system as
 ``$TMPDIR`` (default /tmp); run with ``TMPDIR=/dev/shm`` to see the cost of the
@@ -143,8 +147,61 @@ def bench_reconcile(cmk: str, work: str, runs: int) -> None:
         sleeper.wait()
 
 
+def bench_big_reconcile(cmk: str, work: str, entries: int = 10000) -> None:
+    import shutil
+
+    conf = os.path.join(work, "big")
+    shutil.rmtree(conf, ignore_errors=True)
+    lists = [str(c) for c in range(entries)]
+    dead = 2**22 + 100
+    tasks = {"exclusive": {"0": {cpus: [dead + i] for i, cpus in enumerate(lists)}}}
+    plan = {"pools": {"exclusive": {"0": lists}}, "exclusive_pools": ["exclusive"]}
+    plan["handout_order"] = {"exclusive": lists}
+    layout = sw.desired_layout(plan)
+    sw.ensure_lock_file(conf)
+    with st.StateLock(conf):
+        starts = {dead + i: 1000 + i for i in range(entries)}
+        sw.write_state(conf, layout, tasks, starts, sw.desired_meta(plan, layout))
+    waits: list[float] = []
+    done = threading.Event()
+
+    def probe() -> None:
+        while not done.is_set():
+            started = time.perf_counter()
+            with st.StateLock(conf):
+                waits.append(time.perf_counter() - started)
+            time.sleep(0.005)
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    started = time.perf_counter()
+    res = subprocess.run([cmk, "reconcile", f"--conf-dir={conf}"], env=ENV, check=True, capture_output=True)
+    took = time.perf_counter() - started
+    done.set()
+    prober.join()
+    freed = res.stdout.count(b'"pid"')
+    waits.sort()
+    p99 = waits[int(len(waits) * 0.99)] if waits else 0.0
+    print(f"4. cmk reconcile over {entries:,} dead entries (one cpulist each): {took:.2f} s, {freed:,} freed")
+    print(
+        f"   lock waits of a prober taking the lock every 5 ms meanwhile: {len(waits)} waits, "
+        f"max {max(waits, default=0) * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms  (target: max < 100 ms)"
+    )
+
+
 def main() -> int:
     runs = int(sys.argv[sys.argv.index("--runs") + 1]) if "--runs" in sys.argv else 100
+    if "--only-big-reconcile" in sys.argv:  # section 4 alone
+        with tempfile.TemporaryDirectory(prefix="cpupools-bench-") as work:
+            out = os.path.join(work, "agent", "cmk")
+            subprocess.run(
+                [sys.executable, os.path.join(REPO, "scripts", "build_agent.py"), out],
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
+            print(f"load average {os.getloadavg()[0]:.2f}")
+            bench_big_reconcile(out, work)
+        return 0
     with tempfile.TemporaryDirectory(prefix="cpupools-bench-") as work:
         out = os.path.join(work, "agent", "cmk")
         out_is = os.path.join(work, "agent-is", "cmk")
@@ -155,6 +212,7 @@ def main() -> int:
         bench_startup(out, out_is, work, runs)
         bench_throughput(out, work, 10.0)
         bench_reconcile(out, work, 10)
+        bench_big_reconcile(out, work)
     return 0
 
 

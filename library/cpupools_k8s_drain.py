@@ -9,8 +9,9 @@ description:
   - Runs on the controller (delegate it to localhost) and talks to the Kubernetes API with the
     C(kubernetes) Python library.
   - O(state=drained) cordons the node, evicts its pods through the Eviction API (PodDisruptionBudgets
-    are respected, a refused eviction is retried until O(timeout)), skips DaemonSet-owned and mirror
-    pods, and waits until the evicted pods are gone.
+    are respected, a refused eviction is retried until O(timeout), then the failure names each blocked
+    pod with its budget and counts), skips DaemonSet-owned and mirror pods, and waits until the evicted
+    pods are gone.
   - O(state=cordoned) only marks the node unschedulable; O(state=uncordoned) makes it schedulable again.
   - Each state is idempotent, a drained node with nothing left to evict reports no change.
 options:

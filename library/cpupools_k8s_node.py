@@ -16,6 +16,10 @@ description:
     node's status capacity and allocatable.
   - Installs the C(cpupoollayouts.cpupools.io) CustomResourceDefinition and publishes the node's
     layout (plan and applied state) as a cluster-scoped C(CpuPoolLayout) named after the node.
+  - An outdated CRD is updated by a merge patch of only what cpupools owns (its label and spec),
+    so labels and annotations of other owners stay. The layout is written only once the CRD is
+    C(Established); a CRD whose names another CRD of the group holds (C(NamesAccepted=False))
+    fails with the server's condition instead.
   - Reads first and patches only the difference, with JSON patches guarded by a C(test) of the
     resourceVersion it read; a conflicting write by someone else is retried.
   - With O(state=absent), removes exactly what O(state=present) manages and deletes the node's

@@ -9,6 +9,8 @@ packages=(
     grub2-common     # grub-mkconfig, update-grub
     grub-pc-bin      # grub's i386-pc files that grub-mkconfig reads
     chromium         # renders the HTML report in a real browser
+    strace           # kills the agent at every system call (tests/agent/test_agent_faults.py)
+    passwd           # useradd/userdel: the real accounts of the agent security tests
 )
 missing=()
 for pkg in "${packages[@]}"; do

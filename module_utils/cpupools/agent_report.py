@@ -10,53 +10,133 @@ import os
 import sys
 
 from . import state as st
-from .agent import EXIT_OK, _conf, _seconds
-from .errors import CpupoolsError
+from .agent_base import EXIT_OK, conf_dir, seconds, tasks_or_none
+from .errors import CpupoolsError, StateError, UsageError
 
 # reconcile ----------------------------------------------------------------------
 
 
-def reconcile_pass(conf: str, proc_fs: str, timeout: float) -> tuple[list[dict], dict[str, tuple[int, int]]]:
-    """One pass under the lock: free the cpulists of dead tasks, drop stale start-time markers.
+#: Longest time reconcile holds the lock at a stretch, and the pause after each
+#: stretch: an isolate polls the lock at least every 5 ms, so it gets in
+#: during the pause and never waits for more than one stretch.
+BATCH_SECONDS = 0.01
+PAUSE_SECONDS = 0.01
 
-    Only a PID that does not run is freed (``state.task_alive``): a running
-    PID whose marker disagrees may belong to a CMK isolate that took the list
-    after CMK's reconcile dropped our dead task, so it is kept, its marker
-    removed, and a line on stderr says so. Returns CMK's
+
+def reconcile_pass(
+    conf: str, proc_fs: str, timeout: float, strays: list[str] | None = None
+) -> tuple[list[dict], dict[str, tuple[int, int]]]:
+    """One pass: free the cpulists of dead tasks and of reused PIDs; remove crash leftovers.
+
+    The state is scanned without the lock; only the lists with something to
+    remove are then re-read and written under the lock, a few at a time
+    (``BATCH_SECONDS``), so isolates never wait long however big the state.
+    Under the lock a PID is removed only if it is still recorded with the
+    start time seen in the scan and still does not run: our isolate that took
+    the list meanwhile wrote its own marker, and a CMK v1.4 isolate that got
+    the PID again after CMK's reconcile dropped it writes none, so only
+    ``/proc`` tells it apart. A running PID is never freed, whatever its
+    marker says (``state.task_alive``). Also under the lock: temporary files of killed writers and
+    markers whose PID is not in ``tasks`` are removed.
+
+    Stray entries and damaged ``tasks`` files are appended to ``strays`` (one
+    line each) and skipped. Refuses (``UsageError``) when ``proc_fs`` cannot
+    show every process (``state.proc_view_problem``). Returns CMK's
     ``reclaimedCpuLists`` entries (``pid``, ``pool``, ``cpus``) sorted by PID,
     and per pool ``(cpulists, free cpulists)`` after the pass.
     """
-    reclaimed: list[dict] = []
-    sizes: dict[str, tuple[int, int]] = {}
+    import time
+
+    try:
+        own = st.read_proc_stat(proc_fs, "self")
+    except PermissionError:
+        own = None
+    if own is None:
+        raise UsageError(f"CMK_PROC_FS={proc_fs!r}: {proc_fs}/self/stat is not readable; mount the host /proc there")
+    problem = st.proc_view_problem(proc_fs, own[0])
+    if problem is not None:
+        raise UsageError(f"refusing to reclaim tasks: {problem}")
+    strays = [] if strays is None else strays
+    try:
+        pools = st.read_state(conf, strays=strays)
+    except StateError:
+        # Scanned while the module swapped the tree in (or a real error): read again under the lock.
+        strays.clear()
+        with st.StateLock(conf, timeout):
+            pools = st.read_state(conf, strays=strays)
     seen: dict[tuple[int, int | None], bool] = {}  # a shared task sits in several lists: read /proc once
-    with st.StateLock(conf, timeout):
-        pools = st.read_state(conf)
-        for name, pool in pools.items():
-            lists = pool.cpulists()
-            for cl in lists:
+    work: list[tuple[st.CpuList, set[tuple[int, int | None]]]] = []
+    for pool in pools.values():
+        for cl in pool.cpulists():
+            try:
+                names = os.listdir(cl.path)
                 tasks = cl.tasks
-                for pid in st.drop_stale_markers(cl, proc_fs):
-                    sys.stderr.write(
-                        f"cmk reconcile: PID {pid} on {name}:{cl.cpus} is not the process that took the list "
-                        "(other start time); kept while it runs (a CMK isolate may hold it)\n"
-                    )
-                if not tasks:
+            except (OSError, StateError):
+                work.append((cl, set()))  # damaged, or replaced meanwhile: look again under the lock
+                continue
+            cl._starts = st.parse_start_markers(names)
+            dead = set()
+            for pid in tasks:
+                key = (pid, cl.starts.get(pid))
+                if key not in seen:
+                    seen[key] = st.task_alive(proc_fs, pid, key[1])
+                if not seen[key]:
+                    dead.add(key)
+            leftovers = any(st.is_temporary(n) for n in names) or any(p not in tasks for p in cl.starts)
+            if dead or leftovers:
+                work.append((cl, dead))
+    reclaimed: list[dict] = []
+    damaged: set[str] = set()
+    i = 0
+    while i < len(work):
+        with st.StateLock(conf, timeout):
+            until = time.monotonic() + BATCH_SECONDS
+            while i < len(work) and (time.monotonic() < until):
+                cl, dead = work[i]
+                i += 1
+                fresh = st.CpuList(cl.pool, cl.socket, cl.cpus, cl.path)
+                try:
+                    removed = _reclaim_list(fresh, dead, proc_fs)
+                except StateError as exc:
+                    # Still there: damaged. Gone: the module dropped it meanwhile, nothing to say.
+                    if os.path.isdir(cl.path):
+                        strays.append(str(exc).removeprefix("state is corrupt: "))
+                        damaged.add(cl.path)
                     continue
-                starts = cl.starts
-                alive = []
-                for pid in tasks:
-                    key = (pid, starts.get(pid))
-                    if key not in seen:
-                        seen[key] = st.task_alive(proc_fs, pid, key[1])
-                    if seen[key]:
-                        alive.append(pid)
-                    else:
-                        reclaimed.append({"pid": pid, "pool": name, "cpus": cl.cpus})
-                if len(alive) != len(tasks):
-                    st.write_tasks(cl, alive, {})
-            sizes[name] = (len(lists), sum(1 for cl in lists if not cl.tasks))
+                cl._tasks = fresh.tasks
+                reclaimed.extend({"pid": pid, "pool": cl.pool, "cpus": cl.cpus} for pid in removed)
+        if i < len(work):
+            time.sleep(PAUSE_SECONDS)
+    sizes: dict[str, tuple[int, int]] = {}
+    for name, pool in pools.items():
+        lists = pool.cpulists()
+        free = sum(1 for cl in lists if cl.path not in damaged and tasks_or_none(cl) == [])
+        sizes[name] = (len(lists), free)
     reclaimed.sort(key=lambda r: (r["pid"], r["pool"], r["cpus"]))
     return reclaimed, sizes
+
+
+def _reclaim_list(cl: st.CpuList, dead: set[tuple[int, int | None]], proc_fs: str) -> list[int]:
+    """Under the lock: drop the PIDs of ``dead`` still recorded with the same start; clean leftovers."""
+    dfd = st.open_dir(cl.path)
+    try:
+        names = os.listdir(dfd)
+        tasks = cl.tasks
+        cl._starts = st.parse_start_markers(names)
+        # Same PID and same recorded start as when found dead, and still not running: a CMK v1.4
+        # isolate may have taken the list under the same PID since the scan, and it writes no marker.
+        removed = [pid for pid in tasks if (pid, cl.starts.get(pid)) in dead and not st.task_alive(proc_fs, pid)]
+        for name in names:
+            if st.is_temporary(name):
+                try:  # noqa: SIM105 - contextlib costs ~1 ms of start-up
+                    os.unlink(name, dir_fd=dfd)
+                except OSError:
+                    pass
+    finally:
+        os.close(dfd)
+    # write_tasks also removes the markers of PIDs not in the list (those of crashed writers too).
+    st.write_tasks(cl, [pid for pid in tasks if pid not in removed], {})
+    return removed
 
 
 #: CMK's extended resource names; CPUPOOLS_EXCLUSIVE_RESOURCE and
@@ -130,15 +210,18 @@ def cmd_reconcile(opts: dict[str, str | bool], environ: dict[str, str] | os._Env
     import json
     import time
 
-    conf = _conf(opts)
-    interval = _seconds(opts, "--interval")
+    conf = conf_dir(opts)
+    interval = seconds(opts, "--interval")
     timeout = st.lock_timeout(environ)
     proc_fs = environ.get("CMK_PROC_FS") or "/proc"
     metrics = str(opts.get("--metrics-dir") or environ.get("CPUPOOLS_METRICS_DIR") or "")
     hook = after_pass_hook(opts, environ)
     while True:
         try:
-            reclaimed, sizes = reconcile_pass(conf, proc_fs, timeout)
+            strays: list[str] = []
+            reclaimed, sizes = reconcile_pass(conf, proc_fs, timeout, strays)
+            for line in strays:
+                sys.stderr.write(f"cmk reconcile: skipped: {line}\n")
             report = {"reclaimedCpuLists": reclaimed}
             sys.stdout.write(json.dumps(report, indent=2, sort_keys=True) + "\n")
             sys.stdout.flush()
@@ -158,20 +241,34 @@ def cmd_reconcile(opts: dict[str, str | bool], environ: dict[str, str] | os._Env
 # describe / node-report ----------------------------------------------------------
 
 
-def describe(conf: str, timeout: float) -> dict:
-    """CMK's describe dict (§6): pools with their cpulists and task PIDs."""
+def describe(conf: str, timeout: float, strays: list[str] | None = None) -> dict:
+    """CMK's describe dict (§6): pools with their cpulists and task PIDs.
+
+    Stray entries and cpulists with a damaged ``tasks`` file are left out and
+    appended to ``strays`` (one line each).
+    """
+    strays = [] if strays is None else strays
     with st.StateLock(conf, timeout):
-        pools = st.read_state(conf)
-        return {
-            "pools": {
-                name: {
-                    "cpuLists": {cl.cpus: {"cpus": cl.cpus, "tasks": list(cl.tasks)} for cl in pool.cpulists()},
-                    "exclusive": pool.exclusive,
-                    "name": name,
-                }
-                for name, pool in pools.items()
+        pools = st.read_state(conf, strays=strays)
+        tasks = {}
+        for pool in pools.values():
+            for cl in pool.cpulists():
+                try:
+                    tasks[cl.path] = list(cl.tasks)
+                except StateError as exc:
+                    strays.append(str(exc).removeprefix("state is corrupt: "))
+    return {
+        "pools": {
+            name: {
+                "cpuLists": {
+                    cl.cpus: {"cpus": cl.cpus, "tasks": tasks[cl.path]} for cl in pool.cpulists() if cl.path in tasks
+                },
+                "exclusive": pool.exclusive,
+                "name": name,
             }
+            for name, pool in pools.items()
         }
+    }
 
 
 def overlap_errors(description: dict) -> list[str]:
@@ -191,12 +288,12 @@ def overlap_errors(description: dict) -> list[str]:
     return errors
 
 
-def node_report(conf: str, timeout: float, sysfs_root: str) -> dict:
+def node_report(conf: str, timeout: float, sysfs_root: str, strays: list[str] | None = None) -> dict:
     from .topology import gather_topology
 
     errors: list[str] = []
     try:
-        description: dict | None = describe(conf, timeout)
+        description: dict | None = describe(conf, timeout, strays)
     except CpupoolsError as exc:
         description = None
         errors.append(f"Unable to read CMK configuration directory {conf}: {exc}")
@@ -225,16 +322,18 @@ def cmd_json(sub: str, opts: dict[str, str | bool], environ: dict[str, str] | os
     import json
     import time
 
-    conf = _conf(opts)
+    conf = conf_dir(opts)
     timeout = st.lock_timeout(environ)
-    interval = _seconds(opts, "--interval") if sub == "node-report" else 0
+    interval = seconds(opts, "--interval") if sub == "node-report" else 0
     while True:
+        strays: list[str] = []
         if sub == "describe":
-            data = describe(conf, timeout)
-            sys.stdout.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+            data = describe(conf, timeout, strays)
         else:
-            data = node_report(conf, timeout, environ.get("CPUPOOLS_SYSFS_ROOT") or "/")
-            sys.stdout.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+            data = node_report(conf, timeout, environ.get("CPUPOOLS_SYSFS_ROOT") or "/", strays)
+        for line in strays:
+            sys.stderr.write(f"cmk {sub}: skipped: {line}\n")
+        sys.stdout.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
         sys.stdout.flush()
         if interval <= 0:
             return EXIT_OK

@@ -505,9 +505,45 @@ def is_subset(want: object, have: object) -> bool:
     return want == have
 
 
+def _crd_conditions(crd: Mapping) -> list[Mapping]:
+    status = crd.get("status") if isinstance(crd, Mapping) else None
+    conditions = status.get("conditions") if isinstance(status, Mapping) else None
+    return [c for c in conditions or [] if isinstance(c, Mapping)]
+
+
 def crd_established(crd: Mapping) -> bool:
-    conditions = (crd.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
+    return any(c.get("type") == "Established" and c.get("status") == "True" for c in _crd_conditions(crd))
+
+
+def _condition_text(c: Mapping) -> str:
+    why = ": ".join(str(c[k]) for k in ("reason", "message") if c.get(k))
+    return f"{c.get('type')}={c.get('status')}" + (f" ({why})" if why else "")
+
+
+def crd_conditions_text(crd: Mapping) -> str:
+    """``Type=Status (Reason: message)`` of every condition, for messages."""
+    return ", ".join(_condition_text(c) for c in _crd_conditions(crd))
+
+
+def crd_blocked(crd: Mapping) -> str:
+    """Why a CRD will not become usable by waiting (a sentence), or ``""``.
+
+    ``NamesAccepted=False``: another CRD of the same group holds one of its
+    names (plural, singular, short names, kind or list kind); the server will
+    not serve it until that CRD is gone. ``Terminating=True``: it is being
+    deleted.
+    """
+    spec = crd.get("spec") if isinstance(crd, Mapping) else None
+    group = spec.get("group", "") if isinstance(spec, Mapping) else ""
+    for c in _crd_conditions(crd):
+        if c.get("type") == "NamesAccepted" and c.get("status") == "False":
+            return (
+                f"{_condition_text(c)}: another CustomResourceDefinition of group {group} holds these names; "
+                f"find it with `kubectl get crd | grep {group}` and remove or rename it"
+            )
+        if c.get("type") == "Terminating" and c.get("status") == "True":
+            return f"{_condition_text(c)}: it is being deleted; run again once the deletion has finished"
+    return ""
 
 
 # Drain ---------------------------------------------------------------------

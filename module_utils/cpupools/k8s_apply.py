@@ -9,13 +9,16 @@ the node agent passes one built on ``http.client`` (``k8s_advertise``).
 
 Every write is guarded: node patches carry a JSON-patch ``test`` of the
 resourceVersion that was read, custom objects are replaced with their
-resourceVersion. A 409 (or a failed ``test``: a 422 after which the node's
-resourceVersion has moved) means someone else wrote in between: read again,
-recompute, retry. In check mode only reads are sent.
+resourceVersion, the CRD is merge-patched with its resourceVersion (only the
+fields cpupools owns: others' labels and annotations stay). A 409 (or a
+failed ``test``: a 422 after which the node's resourceVersion has moved)
+means someone else wrote in between: read again, recompute, retry. In check
+mode only reads are sent.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -28,6 +31,8 @@ from .k8s import (
     LAYOUT_PLURAL,
     LAYOUT_VERSION,
     NodeWants,
+    crd_blocked,
+    crd_conditions_text,
     crd_established,
     drain_candidates,
     eviction_body,
@@ -38,13 +43,14 @@ from .k8s import (
 
 JSON_PATCH = "application/json-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
+FIELD_MANAGER = {"fieldManager": "cpupools"}
 Transport = Callable[..., tuple[int, Any]]
 
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 LAYOUT_PATH = f"/apis/{LAYOUT_GROUP}/{LAYOUT_VERSION}/{LAYOUT_PLURAL}"
 
 RBAC_HINT = (
-    "the credentials need: nodes get/patch, nodes/status patch, customresourcedefinitions get/create/update, "
+    "the credentials need: nodes get/patch, nodes/status patch, customresourcedefinitions get/create/patch, "
     f"{LAYOUT_PLURAL}.{LAYOUT_GROUP} get/create/update/delete (drain: pods list, pods/eviction create); "
     "see docs/kubernetes.md"
 )
@@ -74,6 +80,12 @@ def failure(code: int, body: object, method: str, path: str, node: str, server: 
     where = f"node {node!r} on API server {server}"
     if code == 401:
         text = f"{where}: the credentials were rejected (401 Unauthorized); check the kubeconfig's user"
+    elif code == 403 and _kubelet_identity(detail):
+        text = (
+            f"{where}: {method} {path} is forbidden (403): {detail}; these are the credentials of the kubelet of "
+            f"node {_kubelet_identity(detail)!r}, which may read and patch only its own Node: the node name must be "
+            "the one that kubelet registered"
+        )
     elif code == 403:
         text = f"{where}: {method} {path} is forbidden (403): {detail or 'no reason given'}; {RBAC_HINT}"
     elif code == 404 and path.startswith("/api/v1/nodes/"):
@@ -81,6 +93,20 @@ def failure(code: int, body: object, method: str, path: str, node: str, server: 
     else:
         text = f"{where}: {method} {path} failed with {code}" + (f": {detail}" if detail else "")
     return ApiStatus(text, code, "k8s_node_name" if code == 404 else None)
+
+
+def _kubelet_identity(detail: str) -> str:
+    """The node whose kubelet credentials a 403 names (Node authorizer or NodeRestriction), or ``""``."""
+    match = re.search(r'User "system:node:([^"]+)"', detail) or re.search(r'node "([^"]+)" is not allowed to', detail)
+    return match.group(1) if match else ""
+
+
+def _causes(body: object) -> str:
+    """The ``details.causes`` messages of a Status (a refused eviction names its budget there)."""
+    details = body.get("details") if isinstance(body, Mapping) else None
+    causes = details.get("causes") if isinstance(details, Mapping) else None
+    texts = [str(c["message"]) for c in causes or [] if isinstance(c, Mapping) and c.get("message")]
+    return "; ".join(texts)
 
 
 class Api:
@@ -136,13 +162,14 @@ def ensure_node(api: Api, wants: NodeWants, check_mode: bool) -> dict:
         if code == 200:
             sent.append({"path": path + sub, "patch": ops})
             node = body
-        elif code in (409, 422) and _is_conflict(api, path, code, ops):
+        else:
+            fresh = _reread_if_conflict(api, path, code, ops) if code in (409, 422) else None
+            if fresh is None:
+                raise failure(code, body, "PATCH", path + sub, api.node, api.server)
             conflicts += 1
             if conflicts >= api.attempts:
                 raise api.conflict_error("the node")
-            node = api.call("GET", path)
-        else:
-            raise failure(code, body, "PATCH", path + sub, api.node, api.server)
+            node = fresh
         changes = node_changes(node, wants)
     else:
         raise ApiStatus(
@@ -159,20 +186,39 @@ def ensure_node(api: Api, wants: NodeWants, check_mode: bool) -> dict:
     }
 
 
-def _is_conflict(api: Api, path: str, code: int, ops: list[dict]) -> bool:
-    """409, or a 422 from our resourceVersion ``test`` (the node moved since we read it)."""
-    if code == 409:
-        return True
-    guarded = ops[0]["value"] if ops and ops[0].get("op") == "test" else None
+def _reread_if_conflict(api: Api, path: str, code: int, ops: list[dict]) -> dict | None:
+    """The node read again after a 409, or after a 422 from our resourceVersion ``test``; ``None``: no conflict.
+
+    A 422 is a conflict only when the node's resourceVersion moved since we
+    read it; the read that tells is also the one the retry starts from.
+    """
     current = api.call("GET", path)
-    return guarded is not None and current["metadata"]["resourceVersion"] != guarded
+    if code == 409:
+        return current
+    guarded = ops[0]["value"] if ops and ops[0].get("op") == "test" else None
+    return current if guarded is not None and current["metadata"]["resourceVersion"] != guarded else None
 
 
 # The published layout ------------------------------------------------------
 
 
-def ensure_crd(api: Api, check_mode: bool, wait: float = 30.0, sleep: Callable[[float], None] = time.sleep) -> str:
-    """Install or update our CRD. Returns ``created``, ``updated`` or ``unchanged``."""
+def ensure_crd(
+    api: Api,
+    check_mode: bool,
+    wait: float = 30.0,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> str:
+    """Install or update our CRD and see it usable. Returns ``created``, ``updated`` or ``unchanged``.
+
+    Usable means ``Established``: only then does the server serve its group (a
+    layout written before gets a bare ``404 page not found``). That holds for a
+    CRD we created, one we updated, one we found, and one another host created
+    while we tried to (our POST got 409). An update is a merge patch of the
+    fields we own (our label, the spec), guarded by the resourceVersion, so
+    labels and annotations of other owners stay. Names that another CRD of the
+    group holds (``NamesAccepted=False``) are an error naming the condition.
+    """
     want = layout_crd()
     path = f"{CRD_PATH}/{LAYOUT_CRD_NAME}"
     for _ in range(api.attempts):
@@ -180,41 +226,58 @@ def ensure_crd(api: Api, check_mode: bool, wait: float = 30.0, sleep: Callable[[
         if code == 404:
             if check_mode:
                 return "created"
-            code, body = api.raw("POST", CRD_PATH, want)
+            code, body = api.raw("POST", CRD_PATH, want, query=FIELD_MANAGER)
             if code == 409:
                 continue  # created concurrently: compare it
             if code not in (200, 201):
                 raise failure(code, body, "POST", CRD_PATH, api.node, api.server)
-            _wait_established(api, path, wait, sleep)
+            _wait_established(api, path, body, wait, sleep, clock)
             return "created"
         if code != 200:
             raise failure(code, current, "GET", path, api.node, api.server)
         if is_subset(want["spec"], current.get("spec")) and is_subset(want["metadata"], current.get("metadata")):
+            _wait_established(api, path, current, wait, sleep, clock)
             return "unchanged"
         if check_mode:
             return "updated"
-        body = dict(want, metadata=dict(want["metadata"], resourceVersion=current["metadata"]["resourceVersion"]))
-        code, answer = api.raw("PUT", path, body)
+        patch = {
+            "metadata": {
+                "resourceVersion": current["metadata"]["resourceVersion"],
+                "labels": want["metadata"]["labels"],
+            },
+            "spec": want["spec"],
+        }
+        code, answer = api.raw("PATCH", path, patch, MERGE_PATCH, query=FIELD_MANAGER)
         if code == 200:
-            _wait_established(api, path, wait, sleep)
+            _wait_established(api, path, answer, wait, sleep, clock)
             return "updated"
         if code != 409:
-            raise failure(code, answer, "PUT", path, api.node, api.server)
+            raise failure(code, answer, "PATCH", path, api.node, api.server)
     raise api.conflict_error(f"the CustomResourceDefinition {LAYOUT_CRD_NAME}")
 
 
-def _wait_established(api: Api, path: str, wait: float, sleep: Callable[[float], None]) -> None:
-    deadline = time.monotonic() + wait
+def _wait_established(
+    api: Api, path: str, crd: Mapping, wait: float, sleep: Callable[[float], None], clock: Callable[[], float]
+) -> None:
+    """Return once the CRD is Established; fail at once on a condition that will not clear by waiting."""
+    deadline = clock() + wait
     while True:
-        if crd_established(api.call("GET", path)):
+        blocked = crd_blocked(crd)
+        if blocked:
+            raise ApiStatus(
+                f"API server {api.server}: the CustomResourceDefinition {LAYOUT_CRD_NAME} cannot be used: {blocked}",
+                409,
+            )
+        if crd_established(crd):
             return
-        if time.monotonic() > deadline:
+        if clock() > deadline:
             raise ApiStatus(
                 f"API server {api.server}: the CustomResourceDefinition {LAYOUT_CRD_NAME} was not Established "
-                f"within {wait:.0f}s",
+                f"within {wait:.0f}s (conditions: {crd_conditions_text(crd) or 'none reported'})",
                 504,
             )
         sleep(0.5)
+        crd = api.call("GET", path)
 
 
 def ensure_layout(api: Api, obj: dict, check_mode: bool, crd_exists: bool = True) -> str:
@@ -318,7 +381,7 @@ def drain(
         raise K8sError(
             f"node {api.node!r}: pods without a controller would be deleted for good by a drain: {names}; "
             "move them away or set cpupools_k8s_drain_delete_unmanaged: true",
-            "drain_delete_unmanaged",
+            "k8s_drain_delete_unmanaged",
         )
     cordoned = set_unschedulable(api, True, check_mode)
     report = {
@@ -341,7 +404,7 @@ def drain(
             path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}/eviction"
             code, body = api.raw("POST", path, eviction_body(namespace, name))
             if code == 429:
-                blocked.append((namespace, name, _server_message(body)))
+                blocked.append((namespace, name, _causes(body) or _server_message(body)))
             elif code not in (200, 201, 404):
                 raise failure(code, body, "POST", path, api.node, api.server)
         pending = [(ns, n) for ns, n, _ in blocked]
@@ -353,7 +416,7 @@ def drain(
             raise K8sError(
                 f"node {api.node!r} on API server {api.server}: eviction still refused after {timeout:.0f}s "
                 f"(PodDisruptionBudget): {names}; the node stays cordoned",
-                "drain_timeout",
+                "k8s_drain_timeout",
             )
         sleep(poll)
     waiting = {k for k in uids if k in {(p["namespace"], p["name"]) for p in plan["evict"] + plan["terminating"]}}
@@ -370,7 +433,7 @@ def drain(
             raise K8sError(
                 f"node {api.node!r} on API server {api.server}: evicted pods still running after {timeout:.0f}s: "
                 f"{names}; the node stays cordoned",
-                "drain_timeout",
+                "k8s_drain_timeout",
             )
         sleep(poll)
     return report

@@ -37,6 +37,7 @@ from __future__ import annotations
 import os
 import time
 from fcntl import LOCK_EX, LOCK_NB, LOCK_UN, flock
+from stat import S_ISDIR, S_ISREG
 
 from .cpulist import parse_cpulist
 from .errors import (
@@ -70,6 +71,21 @@ MODE_DIR = 0o755
 MODE_FILE = 0o644
 MODE_TASK_DIR_GROUP = 0o2775
 MODE_TASK_FILE_GROUP = 0o664
+#: The lock: readable (so flock-able) by root and the task group only, so an
+#: outsider cannot hold it and block root (docs/agent.md "Security").
+MODE_LOCK = 0o600
+MODE_LOCK_GROUP = 0o640
+#: Temporary files: ``.<name>.<random>.tmp`` beside the file they replace.
+TMP_PREFIX = "."
+TMP_SUFFIX = ".tmp"
+#: Largest ``tasks`` file read (a PID list of a shared pool on a big node is a few KiB).
+MAX_TASKS_BYTES = 1 << 20
+
+# Every open of a file in the state directory: never through a symlink, never
+# blocking on a FIFO, never handed to a child.
+_O_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_O_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 # Locking ---------------------------------------------------------------------
@@ -91,7 +107,7 @@ class StateLock:
     def __enter__(self) -> StateLock:
         try:
             # flock works on a read-only descriptor: workloads need no write access to the lock.
-            self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            self.fd = os.open(self.path, _O_READ)
         except FileNotFoundError:
             raise StateError(
                 f"state lock {self.path} is missing: the pool state is not installed "
@@ -99,6 +115,12 @@ class StateLock:
             ) from None
         except PermissionError:
             raise StatePermissionError(f"cannot open state lock {self.path}: permission denied") from None
+        except OSError:  # ELOOP: a symlink
+            raise StateError(f"state is corrupt: state lock {self.path} is not a regular file") from None
+        if not S_ISREG(os.fstat(self.fd).st_mode):  # a FIFO or a device: flock would not mean anything
+            os.close(self.fd)
+            self.fd = -1
+            raise StateError(f"state is corrupt: state lock {self.path} is not a regular file")
         deadline = time.monotonic() + self.timeout
         delay = 0.0002
         while True:
@@ -152,7 +174,11 @@ def parse_proc_stat(text: str) -> tuple[int, str, int]:
 
 
 def read_proc_stat(proc_fs: str, pid: int | str) -> tuple[int, str, int] | None:
-    """Parsed ``<proc_fs>/<pid>/stat``, or None when the process does not exist."""
+    """Parsed ``<proc_fs>/<pid>/stat``, or None when the process does not exist.
+
+    ``PermissionError`` (a ``hidepid`` procfs) is raised: a process the caller
+    may not see is not a dead one.
+    """
     try:
         with open(f"{proc_fs}/{pid}/stat", "rb") as handle:
             text = handle.read().decode("ascii", "replace")
@@ -173,34 +199,66 @@ def task_alive(proc_fs: str, pid: int, start: int | None = None) -> bool:
     ``tasks`` and leaves our marker behind; a CMK isolate that gets the same
     PID again takes the list and writes no marker. A running PID is therefore
     kept, whatever its marker says; only a PID that does not run is freed
-    (docs/cmk-comparison.md, "Running next to CMK").
+    (docs/cmk-comparison.md, "Running next to CMK"). A process the procfs
+    will not show (``PermissionError``) counts as alive: never free a list on
+    a guess.
     """
     del start  # kept in the signature: callers pass what they recorded, see above
-    stat = read_proc_stat(proc_fs, pid)
+    try:
+        stat = read_proc_stat(proc_fs, pid)
+    except PermissionError:
+        return True
     return stat is not None and stat[1] not in ("Z", "X")
 
 
-def drop_stale_markers(cpulist: CpuList, proc_fs: str) -> list[int]:
-    """Remove the markers that no longer describe a task of ``cpulist``; call under the lock.
+#: Inode of the initial PID namespace (``PROC_PID_INIT_INO`` in the kernel, fixed).
+INIT_PID_NS_INO = 0xEFFFFFFC
 
-    A marker is stale when its PID is not in ``tasks`` (an orphan: CMK's
-    reconcile or a crash removed the PID and not the marker) or when that PID
-    runs with another start time (the process that took the list is gone; the
-    PID, kept while it runs, is then a task without a marker, as CMK writes
-    them). Returns the PIDs of the second kind.
+
+def parse_nspid(status_text: str) -> list[int]:
+    """The ``NSpid:`` line of ``/proc/<pid>/status``: the PID in each namespace, outermost first."""
+    for line in status_text.splitlines():
+        if line.startswith("NSpid:"):
+            return [int(x) for x in line.split()[1:]]
+    return []
+
+
+def proc_view_problem(proc_fs: str, pid: int) -> str | None:
+    """Why ``proc_fs`` cannot judge whether the state's tasks are alive, or None.
+
+    ``pid`` is what the caller read as its own PID from ``<proc_fs>/self``.
+    The state holds host PIDs, so the procfs must show the host's PID
+    namespace and every process in it:
+
+    * the caller in a PID namespace of its own whose procfs shows only that
+      namespace (``NSpid`` has one entry while the namespace is not the
+      initial one): its PID and its view of the others are not the host's;
+    * ``hidepid``: PID 1 (the host's init, owned by root) is not visible, so
+      other users' holders would look dead.
     """
-    tasks = cpulist.tasks
-    starts = cpulist.starts
-    reused = []
-    for pid, start in sorted(starts.items()):
-        if pid in tasks:
-            stat = read_proc_stat(proc_fs, pid)
-            if stat is None or stat[2] == start:
-                continue  # ours and running, or dead: reconcile frees it with its marker
-            reused.append(pid)
-        _unlink(os.path.join(cpulist.path, marker_name(pid, start)))
-        del starts[pid]
-    return reused
+    try:
+        with open(f"{proc_fs}/self/status", "rb") as handle:
+            nspid = parse_nspid(handle.read().decode("ascii", "replace"))
+        ns_ino = os.stat(f"{proc_fs}/self/ns/pid").st_ino
+    except (OSError, ValueError):
+        nspid, ns_ino = [], INIT_PID_NS_INO  # an old kernel or a fake procfs: nothing to compare
+    if len(nspid) == 1 and ns_ino != INIT_PID_NS_INO:
+        return (
+            f"{proc_fs} shows only the PID namespace cmk runs in (its PID there is {pid}), not the host's: "
+            "mount the host /proc and set CMK_PROC_FS to it"
+        )
+    if nspid and nspid[0] != pid:
+        return f"{proc_fs}/self/status gives PID {nspid[0]}, {proc_fs}/self/stat gives {pid}"
+    try:
+        visible = read_proc_stat(proc_fs, 1) is not None
+    except PermissionError:
+        visible = False
+    if not visible:
+        return (
+            f"{proc_fs} hides other users' processes (PID 1 is not visible: hidepid?), so live holders "
+            "would look dead: mount a procfs without hidepid and set CMK_PROC_FS to it"
+        )
+    return None
 
 
 # Reading ---------------------------------------------------------------------
@@ -257,15 +315,37 @@ class Pool:
         return [cl for s in self.sockets for cl in self.sockets[s]]
 
 
-def _read_text(path: str) -> str:
+def _read_text(path: str, dir_fd: int | None = None, limit: int = MAX_TASKS_BYTES) -> str:
+    """Text of the regular file ``path`` (relative to ``dir_fd`` when given).
+
+    Opened without following a symlink and without blocking on a FIFO, then
+    checked with ``fstat``: a symlink, FIFO, directory, device or a file with
+    other hard links is refused, so root never reads (nor reports) a file
+    outside the state directory. Messages name the path, never the content.
+    """
     try:
-        with open(path, encoding="ascii") as handle:
-            return handle.read()
+        fd = os.open(path, _O_READ, dir_fd=dir_fd)
     except FileNotFoundError:
         raise StateError(f"state is corrupt: {path} is missing") from None
     except PermissionError:
         raise StatePermissionError(f"cannot read {path}: permission denied") from None
-    except (UnicodeDecodeError, IsADirectoryError):
+    except OSError:  # ELOOP: a symlink
+        raise StateError(f"state is corrupt: {path} is not a regular file") from None
+    try:
+        info = os.fstat(fd)
+        if not S_ISREG(info.st_mode):
+            kind = "a directory" if S_ISDIR(info.st_mode) else "not a regular file"
+            raise StateError(f"state is corrupt: {path} is {kind}")
+        if info.st_nlink != 1:
+            raise StateError(f"state is corrupt: {path} has {info.st_nlink} hard links (expected 1)")
+        data = os.read(fd, min(info.st_size, limit) + 1)  # one more: a file that grew beyond the limit
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise StateError(f"state is corrupt: {path} is larger than {limit} bytes")
+    try:
+        return data.decode("ascii")
+    except UnicodeDecodeError:
         raise StateError(f"state is corrupt: {path} is not a text file") from None
 
 
@@ -281,15 +361,19 @@ def _listdir(path: str) -> list[str]:
 
 
 def parse_tasks(text: str, where: str = "tasks") -> list[int]:
-    """CMK's tasks file: comma-separated PIDs, ``""`` when free."""
+    """CMK's tasks file: comma-separated PIDs, ``""`` when free.
+
+    The error names ``where`` but does not quote the text: it may be a file
+    the caller was tricked into reading.
+    """
     text = text.strip()
     if not text:
         return []
     out = []
     for item in text.split(","):
         item = item.strip()
-        if not item.isdigit() or not item.isascii():
-            raise StateError(f"state is corrupt: {where} holds {text!r}; expected comma-separated PIDs")
+        if not item.isdigit() or not item.isascii() or len(item) > 10:
+            raise StateError(f"state is corrupt: {where} holds something else; expected comma-separated PIDs")
         out.append(int(item))
     return out
 
@@ -317,43 +401,67 @@ def _socket_ok(name: str) -> bool:
     return name.isdigit() and name.isascii()
 
 
-def read_state(conf_dir: str, only_pools: tuple[str, ...] | None = None) -> dict[str, Pool]:
+def read_state(
+    conf_dir: str, only_pools: tuple[str, ...] | None = None, strays: list[str] | None = None
+) -> dict[str, Pool]:
     """Read the layout under ``conf_dir`` (pool -> Pool), validating every name.
 
     ``only_pools`` reads just those pools' sockets and cpulists (the others
     get empty socket maps), which keeps ``cmk isolate`` fast. Task files are read
     lazily. Anything that is not CMK's layout raises ``StateError`` naming
-    the path.
+    the path; with a ``strays`` list, a stray pool, socket or cpulist entry is
+    appended to it (one line naming the path) and skipped instead, so one
+    stray entry does not take the whole state down (the agent's way).
     """
     pools_dir = os.path.join(conf_dir, POOLS)
     if not os.path.isdir(pools_dir):
+        if os.path.lexists(pools_dir):
+            raise StateError(f"state is corrupt: {pools_dir} is not a directory")
         raise StateError(
             f"state directory {pools_dir} is missing: the pool state is not installed "
             "(run the cpupools playbook, role cpupools_agent)"
         )
+
+    def stray(message: str) -> None:
+        if strays is None:
+            raise StateError(f"state is corrupt: {message}")
+        strays.append(message)
+
     pools: dict[str, Pool] = {}
     for name in _listdir(pools_dir):
         if name.startswith("."):
             continue  # a temporary tree of an interrupted write (never CMK's)
         pool_path = os.path.join(pools_dir, name)
         flag_path = os.path.join(pool_path, EXCLUSIVE_FLAG)
-        flag = _read_text(flag_path).strip()
-        if flag not in ("0", "1"):
-            raise StateError(f"state is corrupt: {flag_path} holds {flag!r}; expected 1 or 0")
+        try:
+            if not os.path.isdir(pool_path) or os.path.islink(pool_path):
+                raise StateError(f"state is corrupt: {pool_path} is not a pool directory")
+            flag = _read_text(flag_path, limit=16).strip()
+            if flag not in ("0", "1"):
+                raise StateError(f"state is corrupt: {flag_path} holds something else; expected 1 or 0")
+        except StatePermissionError:
+            raise
+        except StateError as exc:
+            stray(str(exc).removeprefix("state is corrupt: "))
+            continue
         sockets: dict[str, list[CpuList]] = {}
         if only_pools is None or name in only_pools:
             for socket in _listdir(pool_path):
                 if socket == EXCLUSIVE_FLAG:
                     continue
                 socket_path = os.path.join(pool_path, socket)
-                if not _socket_ok(socket):
-                    raise StateError(
-                        f"state is corrupt: {socket_path} is not a socket directory (name must be a number)"
-                    )
+                if not _socket_ok(socket) or not os.path.isdir(socket_path) or os.path.islink(socket_path):
+                    stray(f"{socket_path} is not a socket directory (name must be a number)")
+                    continue
                 lists = []
                 for cpus in _listdir(socket_path):
-                    _check_cpulist_name(cpus, os.path.join(socket_path, cpus))
-                    lists.append(CpuList(name, socket, cpus, os.path.join(socket_path, cpus)))
+                    list_path = os.path.join(socket_path, cpus)
+                    try:
+                        _check_cpulist_name(cpus, list_path)
+                    except StateError as exc:
+                        stray(str(exc).removeprefix("state is corrupt: "))
+                        continue
+                    lists.append(CpuList(name, socket, cpus, list_path))
                 sockets[socket] = lists
         pools[name] = Pool(name, flag == "1", pool_path, sockets)
     return pools
@@ -377,7 +485,7 @@ def is_cmk_cpulist(name: str) -> bool:
 def _check_cpulist_name(name: str, path: str) -> None:
     if not is_cmk_cpulist(name):
         raise StateError(f"state is corrupt: {path} is not a cpulist directory (expected a name like 2,46)")
-    if not os.path.isdir(path):
+    if not os.path.isdir(path) or os.path.islink(path):
         raise StateError(f"state is corrupt: {path} is not a directory")
 
 
@@ -404,18 +512,22 @@ def read_handout_order(conf_dir: str, pool: str) -> list[str]:
     """The plan's hand-out order for ``pool`` from ``<conf>/cpupools.order`` (``[]`` when absent).
 
     A plain text file rather than ``cpupools.json`` because importing ``json``
-    (and ``re`` with it) would cost ``cmk isolate`` several milliseconds.
+    (and ``re`` with it) would cost ``cmk isolate`` several milliseconds. Read
+    like every state file (no symlink, no FIFO, a regular file).
     """
+    path = os.path.join(conf_dir, ORDER)
+    if not os.path.lexists(path):
+        return []
     try:
-        with open(os.path.join(conf_dir, ORDER), encoding="ascii") as handle:
-            for line in handle:
-                fields = line.split()
-                if fields and fields[0] == pool:
-                    return fields[1:]
-    except FileNotFoundError:
-        pass
-    except (OSError, UnicodeDecodeError):
-        raise StateError(f"state is corrupt: {os.path.join(conf_dir, ORDER)} is not readable text") from None
+        text = _read_text(path)
+    except StatePermissionError:
+        raise
+    except StateError:
+        raise StateError(f"state is corrupt: {path} is not readable text") from None
+    for line in text.splitlines():
+        fields = line.split()
+        if fields and fields[0] == pool:
+            return fields[1:]
     return []
 
 
@@ -434,40 +546,96 @@ def ordered_for_handout(pool: Pool, order: list[str], socket: str | None = None)
 # Writing ---------------------------------------------------------------------
 
 
-def atomic_write(path: str, text: str, mode: int | None = None, gid: int | None = None, fsync: bool = False) -> None:
-    """Replace ``path`` by a file holding ``text``: temp file in the same directory, then rename.
+def open_dir(path: str) -> int:
+    """A descriptor of the directory ``path`` (not through a symlink), for the ``*at`` calls below."""
+    try:
+        return os.open(path, _O_DIR)
+    except FileNotFoundError:
+        raise StateError(f"state is corrupt: {path} is missing") from None
+    except PermissionError:
+        raise StatePermissionError(f"cannot open {path}: permission denied") from None
+    except OSError:  # ENOTDIR, ELOOP
+        raise StateError(f"state is corrupt: {path} is not a directory") from None
 
-    ``mode`` defaults to the mode of the file being replaced (so a task file
-    made group-writable by the module stays so when a workload rewrites it).
+
+def is_temporary(name: str) -> bool:
+    """A temporary file of ``atomic_write`` (``.<name>.<random>.tmp``)."""
+    return name.startswith(TMP_PREFIX) and name.endswith(TMP_SUFFIX)
+
+
+def _new_file(dir_fd: int, name: str, where: str) -> tuple[int, str]:
+    """Create a temporary file for ``name`` in ``dir_fd``: ``(fd, its name)``.
+
+    ``O_EXCL | O_NOFOLLOW`` with a random name: a file, FIFO or symlink planted
+    under any name makes the create fail, never redirects it.
+    """
+    for _ in range(8):
+        tmp = f"{TMP_PREFIX}{name}.{os.urandom(6).hex()}{TMP_SUFFIX}"
+        try:
+            return os.open(tmp, _O_NEW, 0o600, dir_fd=dir_fd), tmp
+        except FileExistsError:
+            continue
+        except PermissionError:
+            raise StatePermissionError(f"cannot write in {where}: permission denied") from None
+    raise StateError(f"cannot create a temporary file in {where}: every name tried exists")
+
+
+def _file_mode(dir_fd: int) -> int:
+    """The mode a file in this directory gets: group-writable in a group-writable (cpulist) directory.
+
+    Derived from the directory, which only root can change, never from the
+    file being replaced, which a task-group member may have planted.
+    """
+    return MODE_TASK_FILE_GROUP if os.fstat(dir_fd).st_mode & 0o020 else MODE_FILE
+
+
+def atomic_write(
+    path: str,
+    text: str,
+    mode: int | None = None,
+    gid: int | None = None,
+    fsync: bool = False,
+    dir_fd: int | None = None,
+) -> None:
+    """Replace ``path`` by a file holding ``text``: temporary file in the same directory, then rename.
+
+    Everything happens relative to a descriptor of the directory (``dir_fd``,
+    or one opened here without following a symlink): the temporary file is
+    created with a random name, ``O_EXCL | O_NOFOLLOW``, mode 0600, then given
+    ``mode`` (default: 0664 in a group-writable directory, else 0644) and
+    ``gid``, and renamed over ``path``. ``rename`` replaces whatever entry is
+    there (a planted symlink is replaced, its target untouched). A temporary
+    file left by a crash is removed by ``cmk reconcile`` (``is_temporary``).
     """
     directory, name = os.path.split(path)
-    if mode is None:
-        try:
-            mode = os.stat(path).st_mode & 0o7777
-        except FileNotFoundError:
-            mode = MODE_FILE
-    tmp = os.path.join(directory, f".{name}.{os.getpid()}.tmp")
+    own_fd = dir_fd is None
+    dfd = open_dir(directory or ".") if dir_fd is None else dir_fd
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    except PermissionError:
-        raise StatePermissionError(f"cannot write in {directory}: permission denied") from None
-    try:
+        if mode is None:
+            mode = _file_mode(dfd)
+        fd, tmp = _new_file(dfd, name, directory)
         try:
-            os.write(fd, text.encode("ascii"))
-            if gid is not None:
-                os.fchown(fd, -1, gid)
-            os.fchmod(fd, mode)
-            if fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(tmp, path)
-    except BaseException:
-        try:  # noqa: SIM105 - contextlib costs ~1 ms of cmk start-up
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+            try:
+                os.write(fd, text.encode("ascii"))
+                if gid is not None:
+                    os.fchown(fd, -1, gid)
+                os.fchmod(fd, mode)
+                if fsync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException as exc:
+            try:  # noqa: SIM105 - contextlib costs ~1 ms of cmk start-up
+                os.unlink(tmp, dir_fd=dfd)
+            except OSError:
+                pass
+            if isinstance(exc, IsADirectoryError):
+                raise StateError(f"state is corrupt: {path} is a directory") from None
+            raise
+    finally:
+        if own_fd:
+            os.close(dfd)
 
 
 def write_tasks(cpulist: CpuList, tasks: list[int], starts: dict[int, int]) -> None:
@@ -477,32 +645,73 @@ def write_tasks(cpulist: CpuList, tasks: list[int], starts: dict[int, int]) -> N
     before it is written and markers of removed PIDs deleted after, so a crash
     in between leaves only a marker without its PID (ignored, and removed by
     the next write of that cpulist or by reconcile); a PID without a marker
-    falls back to CMK's existence check.
+    falls back to CMK's existence check. All of it relative to one descriptor
+    of the cpulist directory.
     """
-    old_starts = cpulist.starts
-    for pid in tasks:
-        start = starts.get(pid)
-        if start is not None and old_starts.get(pid) != start:
-            if pid in old_starts:
-                _unlink(os.path.join(cpulist.path, marker_name(pid, old_starts.pop(pid))))
-            _create_empty(os.path.join(cpulist.path, marker_name(pid, start)))
-            old_starts[pid] = start
-    if tasks != cpulist.tasks:
-        atomic_write(os.path.join(cpulist.path, TASKS), format_tasks(tasks))
-    for pid in [p for p in old_starts if p not in tasks]:
-        _unlink(os.path.join(cpulist.path, marker_name(pid, old_starts.pop(pid))))
+    dfd = open_dir(cpulist.path)
+    try:
+        old_starts = cpulist.starts
+        current = cpulist.tasks
+        for pid in tasks:
+            start = starts.get(pid)
+            if start is None:
+                continue
+            if old_starts.get(pid) != start:
+                if pid in old_starts:
+                    _unlink_at(dfd, marker_name(pid, old_starts.pop(pid)))
+                _create_marker(dfd, marker_name(pid, start), cpulist.path)
+                old_starts[pid] = start
+            elif pid not in current:  # a marker of that name is there already (left over, or planted)
+                _create_marker(dfd, marker_name(pid, start), cpulist.path)
+        if tasks != current:
+            atomic_write(os.path.join(cpulist.path, TASKS), format_tasks(tasks), dir_fd=dfd)
+        for pid in [p for p in old_starts if p not in tasks]:
+            _unlink_at(dfd, marker_name(pid, old_starts.pop(pid)))
+    finally:
+        os.close(dfd)
     cpulist._tasks = list(tasks)
 
 
+def _create_marker(dir_fd: int, name: str, where: str, mode: int | None = None) -> None:
+    """Create the empty marker ``name`` in ``dir_fd`` unless a regular file of that name is there.
+
+    ``O_EXCL | O_NOFOLLOW``: a symlink or FIFO planted under the marker's name
+    is removed and the marker created in its place; nothing outside the
+    directory is ever created or opened.
+    """
+    for _ in range(2):
+        try:
+            fd = os.open(name, _O_NEW, 0o600, dir_fd=dir_fd)
+        except FileExistsError:
+            info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            if S_ISREG(info.st_mode):
+                return
+            if S_ISDIR(info.st_mode):
+                raise StateError(f"state is corrupt: {where}/{name} is a directory") from None
+            _unlink_at(dir_fd, name)
+            continue
+        except PermissionError:
+            raise StatePermissionError(f"cannot write in {where}: permission denied") from None
+        try:
+            os.fchmod(fd, _file_mode(dir_fd) if mode is None else mode)
+        finally:
+            os.close(fd)
+        return
+    raise StateError(f"state is corrupt: {where}/{name} keeps being replaced")
+
+
 def _create_empty(path: str, mode: int = MODE_FILE) -> None:
+    """Create the empty file ``path`` (a marker) without following a planted symlink."""
+    directory, name = os.path.split(path)
+    dfd = open_dir(directory)
     try:
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, mode))
-    except PermissionError:
-        raise StatePermissionError(f"cannot write in {os.path.dirname(path)}: permission denied") from None
+        _create_marker(dfd, name, directory, mode)
+    finally:
+        os.close(dfd)
 
 
-def _unlink(path: str) -> None:
+def _unlink_at(dir_fd: int, name: str) -> None:
     try:  # noqa: SIM105 - contextlib costs ~1 ms of cmk start-up
-        os.unlink(path)
+        os.unlink(name, dir_fd=dir_fd)
     except FileNotFoundError:
         pass

@@ -304,19 +304,37 @@ def write_meta(conf_dir: str, meta: dict) -> None:
     )
 
 
-def ensure_lock_file(conf_dir: str) -> bool:
-    """Create ``<conf>`` and ``<conf>/lock`` when missing; True when something was created."""
+def ensure_lock_file(conf_dir: str, task_gid: int | None = None) -> bool:
+    """Create ``<conf>`` and ``<conf>/lock`` when missing, and give the lock its mode and group.
+
+    The lock is ``root:<task group> 0640`` (``root 0600`` without a task
+    group): only those who must lock can open it, so no outsider can hold it
+    and block root (docs/agent.md "Security"). True when something changed.
+    """
     created = False
     if not os.path.isdir(conf_dir):
         os.makedirs(conf_dir, st.MODE_DIR)
         created = True
     path = os.path.join(conf_dir, st.LOCK)
     if not os.path.exists(path):
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, st.MODE_FILE)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         os.close(fd)
-        os.chmod(path, st.MODE_FILE)
+        created = True
+    if lock_mode_wrong(conf_dir, task_gid):
+        os.chown(path, -1, 0 if task_gid is None else task_gid, follow_symlinks=False)
+        os.chmod(path, st.MODE_LOCK if task_gid is None else st.MODE_LOCK_GROUP)
         created = True
     return created
+
+
+def lock_mode_wrong(conf_dir: str, task_gid: int | None) -> bool:
+    """True when ``<conf>/lock`` exists with another mode or group than the permission model's."""
+    try:
+        info = os.lstat(os.path.join(conf_dir, st.LOCK))
+    except FileNotFoundError:
+        return False
+    want = st.MODE_LOCK if task_gid is None else st.MODE_LOCK_GROUP
+    return info.st_mode & 0o7777 != want or info.st_gid != (0 if task_gid is None else task_gid)
 
 
 def _fsync_dir(path: str) -> None:
@@ -470,10 +488,10 @@ def converge(
     ):
         return result
     created = False
-    if not os.path.exists(lock_path):
+    if not os.path.exists(lock_path) or lock_mode_wrong(conf_dir, task_gid):
         created = True
         if not check_mode:
-            ensure_lock_file(conf_dir)
+            ensure_lock_file(conf_dir, task_gid)
     locked = st.StateLock(conf_dir, lock_timeout) if os.path.exists(lock_path) else None
     if locked is not None:
         locked.__enter__()

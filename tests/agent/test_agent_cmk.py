@@ -6,6 +6,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -246,14 +247,9 @@ def test_reconcile_keeps_a_running_pid_whose_marker_disagrees(cmk, state_dir):
                 )
         (conf / "pools/exclusive/0/1/task.99999999.5").touch()  # an orphan: its PID is not in tasks
         res = run(cmk, "reconcile", f"--conf-dir={conf}")
-        assert json.loads(res.stdout)["reclaimedCpuLists"] == []
+        assert (res.returncode, json.loads(res.stdout)["reclaimedCpuLists"], res.stderr) == (0, [], "")
         assert tasks_of(conf) == {"0": [sleeper.pid], "1": [sleeper.pid]}
-        assert sorted(os.listdir(conf / "pools/exclusive/0/0")) == ["tasks"]  # the stale marker went
-        assert sorted(os.listdir(conf / "pools/exclusive/0/1")) == [f"task.{sleeper.pid}.{real}", "tasks"]
-        assert res.stderr == (
-            f"cmk reconcile: PID {sleeper.pid} on exclusive:0 is not the process that took the list "
-            "(other start time); kept while it runs (a CMK isolate may hold it)\n"
-        )
+        assert not (conf / "pools/exclusive/0/1/task.99999999.5").exists()  # the orphan went
         sleeper.kill()
         sleeper.wait()
         res = run(cmk, "reconcile", f"--conf-dir={conf}")  # dead now: freed, both lists
@@ -282,6 +278,8 @@ def test_cmk_proc_fs_gives_the_host_pid(cmk, state_dir, tmp_path):
     (proc / "self").mkdir(parents=True)
     fields = ["S", "1"] + ["0"] * 17 + ["555"] + ["0"] * 30
     (proc / "self" / "stat").write_text("424242 (cmk isolate) " + " ".join(fields) + "\n")
+    (proc / "1").mkdir()  # the host's init is visible: no hidepid
+    (proc / "1" / "stat").write_text("1 (init) " + " ".join(fields) + "\n")
     conf = state_dir(PLAN_2X)
     tasks = conf / "pools/exclusive/0/1/tasks"
     res = run(
@@ -334,9 +332,18 @@ def test_lock_timeout_and_corrupt_state(cmk, state_dir):
     finally:
         os.close(holder)
     (conf / "pools/exclusive/0/1/tasks").write_text("1,two")
-    for args in (["isolate", "--pool=exclusive", "true"], ["reconcile"], ["describe"]):
-        res = run(cmk, *args[:1], f"--conf-dir={conf}", *args[1:])
-        assert res.returncode == 78 and "state is corrupt" in res.stderr and "1,two" in res.stderr
+    # A damaged list is never handed out, and reported without its content; the others keep working.
+    res = run(cmk, "isolate", f"--conf-dir={conf}", "--pool=exclusive", "--", "sh", "-c", "echo $CMK_CPUS_ASSIGNED")
+    assert (res.returncode, res.stdout, res.stderr) == (0, "0\n", "")
+    for sub in ("reconcile", "describe"):
+        res = run(cmk, sub, f"--conf-dir={conf}")
+        assert res.returncode == 0, res.stderr
+        damaged = f"{conf}/pools/exclusive/0/1/tasks holds something else; expected comma-separated PIDs"
+        assert res.stderr == f"cmk {sub}: skipped: {damaged}\n"
+        assert "two" not in res.stdout + res.stderr
+    assert "1" not in json.loads(res.stdout)["pools"]["exclusive"]["cpuLists"]
+    res = run(cmk, "isolate", f"--conf-dir={conf}", "--pool=exclusive", "true", env=agent_env(CMK_NUM_CORES="2"))
+    assert res.returncode == 75 and res.stderr.endswith("pool exclusive: 2 requested, 1 free of 2\n")
 
 
 def test_describe_is_cmk_json(cmk, state_dir):
@@ -384,3 +391,118 @@ def test_reconcile_interval_loops_until_stopped(cmk, state_dir):
         proc.wait(timeout=10)
     assert json.loads(first)["reclaimedCpuLists"] == [{"cpus": "0", "pid": 2**22 + 3, "pool": "exclusive"}]
     assert json.loads(second) == {"reclaimedCpuLists": []}
+
+
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT, signal.SIGALRM, signal.SIGPIPE])
+def test_every_catchable_signal_is_forwarded(cmk, state_dir, tmp_path, sig):
+    """Signals whose default would kill isolate and orphan the workload reach the workload instead."""
+    test_signals_are_forwarded_and_the_list_given_back(cmk, state_dir, tmp_path, sig)
+
+
+def test_sigkill_of_isolate_takes_the_workload_with_it(cmk, state_dir, tmp_path):
+    conf = state_dir(PLAN_2X)
+    pidfile = tmp_path / "child"
+    proc = subprocess.Popen(
+        [
+            cmk,
+            "isolate",
+            f"--conf-dir={conf}",
+            "--pool=exclusive",
+            "--",
+            "sh",
+            "-c",
+            f"echo $$ > {pidfile}.t; mv {pidfile}.t {pidfile}; exec sleep 60",
+        ],
+        env=agent_env(),
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while not pidfile.exists():
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.02)
+        child = int(pidfile.read_text())
+        proc.kill()
+        proc.wait()
+        while st.read_proc_stat("/proc", child) is not None:  # gone (PR_SET_PDEATHSIG), not re-parented
+            assert time.monotonic() < deadline, "the workload outlived its isolate"
+            time.sleep(0.02)
+        res = run(cmk, "reconcile", f"--conf-dir={conf}")
+        assert json.loads(res.stdout)["reclaimedCpuLists"] == [{"cpus": "1", "pid": proc.pid, "pool": "exclusive"}]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_workload_starts_with_default_signals_and_an_empty_mask(cmk, state_dir):
+    conf = state_dir(PLAN_2X)
+    script = "yes | head -n1; grep -E '^Sig(Ign|Blk)' /proc/self/status"
+    res = run(cmk, "isolate", f"--conf-dir={conf}", "--pool=exclusive", "--", "sh", "-c", script)
+    assert (res.returncode, res.stderr) == (0, "")  # no "Broken pipe" from yes
+    assert res.stdout == "y\nSigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n"
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e400", "-1", "x"])
+def test_odd_intervals_are_usage_errors(cmk, state_dir, value):
+    conf = state_dir(PLAN_2X)
+    for sub in ("reconcile", "node-report"):
+        res = run(cmk, sub, f"--conf-dir={conf}", f"--interval={value}")
+        assert res.returncode == 64
+        assert res.stderr == f"cmk: --interval={value!r} is not a number of seconds from 0 to 86400\n"
+
+
+def test_a_huge_cmk_num_cores_is_a_usage_error(cmk, state_dir):
+    conf = state_dir(PLAN_2X)
+    res = run(cmk, "isolate", f"--conf-dir={conf}", "--pool=exclusive", "true", env=agent_env(CMK_NUM_CORES="9" * 5000))
+    assert res.returncode == 64
+    assert res.stderr == (
+        "cmk: CMK_NUM_CORES='99999999999999999999... (5000 characters)': "
+        "requested numbers of cores must be a positive integer\n"
+    )
+
+
+def test_stray_entries_are_reported_and_ignored(cmk, state_dir):
+    conf = state_dir(PLAN_2X)
+    (conf / "pools/junk").write_text("")
+    (conf / "pools/nopool").mkdir()
+    (conf / "pools/exclusive/x").mkdir()
+    (conf / "pools/exclusive/0/not-a-list").mkdir()
+    (conf / "pools/exclusive/0/7").write_text("")
+    res = run(cmk, "isolate", f"--conf-dir={conf}", "--pool=exclusive", "--", "sh", "-c", "echo $CMK_CPUS_ASSIGNED")
+    assert (res.returncode, res.stdout, res.stderr) == (0, "1\n", "")
+    res = run(cmk, "reconcile", f"--conf-dir={conf}")
+    assert res.returncode == 0 and json.loads(res.stdout) == {"reclaimedCpuLists": []}
+    p = f"{conf}/pools"
+    assert res.stderr.splitlines() == [
+        f"cmk reconcile: skipped: {p}/exclusive/0/7 is not a directory",
+        f"cmk reconcile: skipped: {p}/exclusive/0/not-a-list is not a cpulist directory (expected a name like 2,46)",
+        f"cmk reconcile: skipped: {p}/exclusive/x is not a socket directory (name must be a number)",
+        f"cmk reconcile: skipped: {p}/junk is not a pool directory",
+        f"cmk reconcile: skipped: {p}/nopool/exclusive is missing",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("damage", "status", "message"),
+    [
+        (lambda c: (os.unlink(c / "lock"), os.mkfifo(c / "lock")), 78, "lock is not a regular file"),
+        (lambda c: (os.unlink(c / "lock"), os.symlink("/etc/passwd", c / "lock")), 78, "lock is not a regular file"),
+        (lambda c: (shutil.rmtree(c / "pools"), (c / "pools").write_text("")), 78, "pools is not a directory"),
+        (lambda c: (os.unlink(c / "cpupools.order"), os.mkdir(c / "cpupools.order")), 78, "is not readable text"),
+        (lambda c: (os.unlink(c / "cpupools.order"), os.mkfifo(c / "cpupools.order")), 78, "is not readable text"),
+    ],
+)
+def test_damaged_state_gives_a_clear_line_and_its_status(cmk, state_dir, damage, status, message):
+    conf = state_dir(PLAN_2X)
+    damage(conf)
+    res = run(cmk, "isolate", f"--conf-dir={conf}", "--pool=exclusive", "true", timeout=20)
+    assert res.returncode == status and message in res.stderr and res.stderr.count("\n") == 1, res.stderr
+
+
+def test_reconcile_removes_what_killed_writers_left(cmk, state_dir):
+    conf = state_dir(PLAN_2X)
+    leftovers = ["tasks", ".tasks.0123456789ab.tmp", "task.4194301.77"]
+    for name in leftovers[1:]:
+        (conf / "pools/exclusive/0/1" / name).write_text("")
+    assert run(cmk, "reconcile", f"--conf-dir={conf}").returncode == 0
+    assert os.listdir(conf / "pools/exclusive/0/1") == ["tasks"]

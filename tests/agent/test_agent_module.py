@@ -43,7 +43,9 @@ def hold(cmk, conf, pool="exclusive"):
         start_new_session=True,
     )
     deadline = time.monotonic() + 20
-    while not any(proc.pid in pids for pids in tasks_of(conf, pool).values()):
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+    # Wait for what the tests assert on: the PID recorded, and the workload started.
+    while not any(proc.pid in pids for pids in tasks_of(conf, pool).values()) or not children.read_text().split():
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.02)
     return proc
@@ -157,7 +159,7 @@ def test_corrupt_state_is_refused_naming_the_path(playbook, tmp_path):
     state_run(playbook, root, PLAN_2X)
     (root / "etc/cmk/pools/exclusive/0/1/tasks").write_text("x")
     res, out = state_run(playbook, root, PLAN_2X)
-    assert res.rc != 0 and "state is corrupt" in out["msg"] and "pools/exclusive/0/1/tasks holds 'x'" in out["msg"]
+    assert res.rc != 0 and "state is corrupt" in out["msg"] and "0/1/tasks holds something else" in out["msg"]
     assert out["msg"].startswith("host node-1: cpupools_state: ")
 
 
@@ -176,7 +178,7 @@ def test_task_group_lets_its_members_take_lists_and_nothing_more(playbook, tmp_p
         leaf = (conf / "pools/exclusive/0/1").stat()
         assert (oct(leaf.st_mode & 0o7777), leaf.st_gid) == ("0o2775", 4711)
         assert oct((conf / "pools/exclusive/0").stat().st_mode & 0o7777) == "0o755"
-        assert oct((conf / "lock").stat().st_mode & 0o7777) == "0o644"
+        assert (oct((conf / "lock").stat().st_mode & 0o7777), (conf / "lock").stat().st_gid) == ("0o640", 4711)
         prog = base / "bin"
         shutil.copytree(Path(cmk).parent, prog)
         prog.chmod(0o755)

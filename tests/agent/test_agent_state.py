@@ -54,7 +54,7 @@ def test_handout_order_spreads_where_cmk_sorted_strings(tmp_path):
 @pytest.mark.parametrize(
     ("damage", "message"),
     [
-        (lambda c: (c / "pools/exclusive/exclusive").write_text("yes"), "exclusive holds 'yes'"),
+        (lambda c: (c / "pools/exclusive/exclusive").write_text("yes"), "expected 1 or 0"),
         (lambda c: (c / "pools/exclusive/exclusive").unlink(), "exclusive is missing"),
         (lambda c: (c / "pools/exclusive/zero").mkdir(), "is not a socket directory"),
         (lambda c: (c / "pools/exclusive/0/0-1").mkdir(), "is not a cpulist directory"),

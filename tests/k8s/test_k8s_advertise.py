@@ -86,9 +86,16 @@ def test_a_server_we_do_not_trust_is_an_error_not_a_traceback(tmp_path, tls_fake
     assert tls_fake.writes() == []
 
 
-def test_unknown_node_names_the_node_and_server(tls_fake, kubelet_conf):
+def test_another_node_name_is_forbidden_to_the_kubelet_credentials(tls_fake, kubelet_conf):
+    # The Node authorizer: node-1's kubelet may not even read node-7 (a real server answers 403, not 404).
+    tls_fake.add_node("node-7")
     report = readvertise(str(kubelet_conf), "node-7", {EXCL: 6})
-    assert "node 'node-7' on API server " + tls_fake.url in report["error"] and "404" in report["error"]
+    assert "node 'node-7' on API server " + tls_fake.url in report["error"] and "403" in report["error"]
+    assert (
+        "the credentials of the kubelet of node 'node-1', which may read and patch only its own Node" in report["error"]
+    )
+    assert "see docs/kubernetes.md" not in report["error"]  # not the controller's RBAC list: it would mislead
+    assert tls_fake.writes() == []
 
 
 def test_the_advertiser_imports_no_third_party_module():

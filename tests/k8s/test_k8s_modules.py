@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import socket
+import time
 
 import pytest
+from cpupools.k8s import layout_crd
 from k8s_fake import write_kubeconfig
 from k8s_support import TOKEN
 
 pytestmark = pytest.mark.slow
 
 EXCL = "cmk.intel.com/exclusive-cores"
+CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+LAYOUTS = "/apis/cpupools.io/v1/cpupoollayouts"
 NODE_PLAY = """
 - hosts: localhost
   gather_facts: false
@@ -86,6 +90,9 @@ def test_a_concurrent_writer_is_retried_not_overwritten(playbook, fake, kubeconf
     res = playbook(NODE_PLAY, node_args(kubeconfig, make_plan(), publish=False))
     assert res.rc == 0, res.stdout
     assert res.result("Node")["conflicts"] == 2
+    # One read per conflict: GET, PATCH (422), GET, PATCH, PATCH status (409), GET, PATCH status.
+    reads = [r.method for r in fake.requests if r.path.startswith("/api/v1/nodes/node-1")]
+    assert reads == ["GET", "PATCH", "GET", "PATCH", "PATCH", "GET", "PATCH"]
     labels = fake.nodes["node-1"]["metadata"]["labels"]
     assert "example.com/racer" in labels and labels["cmk.intel.com/cmk-node"] == "true"
     assert fake.nodes["node-1"]["status"]["capacity"][EXCL] == "6"
@@ -152,22 +159,100 @@ def test_a_changed_plan_updates_the_count_and_the_layout(playbook, fake, kubecon
     assert puts and all(r.body["metadata"]["resourceVersion"] for r in puts)
 
 
-def test_a_node_without_status_capacity(playbook, fake, kubeconfig, make_plan):
-    fake.add_node("node-2", with_capacity=False)
-    res = playbook(
-        NODE_PLAY, {"args": dict(node_args(kubeconfig, make_plan(), publish=False)["args"], node_name="node-2")}
-    )
+def test_a_crd_another_host_just_created_is_waited_for(playbook, fake, kubeconfig, make_plan):
+    # Two hosts race on a fresh cluster: the other POST lands first, ours gets 409, and that CRD is not
+    # Established yet, so its group is not served: a layout POST now would get the bare "404 page not found".
+    fake.crd_establish_delay = 2.0
+    fake.before("POST", r"/customresourcedefinitions$", lambda: fake.add_crd(layout_crd(), established=False))
+    res = playbook(NODE_PLAY, node_args(kubeconfig, make_plan()))
+    assert res.rc == 0, res.messages()
+    out = res.result("Node")
+    assert out["crd"] == "unchanged" and out["layout"] == "created"
+    assert ("cpupools.io", "cpupoollayouts", "node-1") in fake.objects
+    assert [(r.method, r.path) for r in fake.writes() if r.method == "POST"] == [("POST", CRDS), ("POST", LAYOUTS)]
+
+
+def test_a_crd_whose_names_another_crd_holds_is_one_clear_message(playbook, fake, kubeconfig, make_plan):
+    other = layout_crd()
+    other["metadata"] = {"name": "pools.cpupools.io"}
+    other["spec"]["names"] = {"kind": "CpuPoolLayout", "plural": "pools", "singular": "pool"}
+    fake.add_crd(other)
+    started = time.monotonic()
+    first = playbook(NODE_PLAY, node_args(kubeconfig, make_plan()))  # creates ours; its names are refused
+    assert first.rc != 0 and time.monotonic() - started < 20  # said at once, not after the Established deadline
+    again = playbook(NODE_PLAY, node_args(kubeconfig, make_plan()))  # ours exists now, still refused
+    assert again.rc != 0
+    for res in (first, again):
+        msg = res.messages()
+        assert "the CustomResourceDefinition cpupoollayouts.cpupools.io cannot be used" in msg, msg
+        assert 'NamesAccepted=False (KindConflict: "CpuPoolLayout" is already in use)' in msg
+        assert "another CustomResourceDefinition of group cpupools.io" in msg
+        assert "Traceback" not in res.stdout + res.stderr
+    assert not [r for r in fake.writes() if r.path.startswith(LAYOUTS)]
+
+
+def test_a_crd_update_keeps_what_other_owners_put_on_it(playbook, fake, kubeconfig, make_plan):
+    older = layout_crd()  # as an older cpupools installed it, then a GitOps tool labelled and annotated it
+    del older["spec"]["versions"][0]["additionalPrinterColumns"][4]
+    older["metadata"]["labels"]["argocd.argoproj.io/instance"] = "platform"
+    older["metadata"]["annotations"] = {"gitops.example.com/revision": "4f2a9c1"}
+    fake.add_crd(older)
+    res = playbook(NODE_PLAY, node_args(kubeconfig, make_plan()))
+    assert res.rc == 0 and res.result("Node")["crd"] == "updated", res.messages()
+    crd = fake.crds["cpupoollayouts.cpupools.io"]
+    assert crd["metadata"]["labels"] == {
+        "app.kubernetes.io/managed-by": "cpupools",
+        "argocd.argoproj.io/instance": "platform",
+    }
+    assert crd["metadata"]["annotations"] == {"gitops.example.com/revision": "4f2a9c1"}
+    assert len(crd["spec"]["versions"][0]["additionalPrinterColumns"]) == 6
+    crd_writes = [r for r in fake.writes() if r.path == f"{CRDS}/cpupoollayouts.cpupools.io"]
+    assert [(r.method, r.content_type) for r in crd_writes] == [("PATCH", "application/merge-patch+json")]
+    writes = len(fake.writes())
+    again = playbook(NODE_PLAY, node_args(kubeconfig, make_plan()))
+    assert again.rc == 0 and again.changed() == 0 and again.result("Node")["crd"] == "unchanged"
+    assert len(fake.writes()) == writes
+
+
+def test_a_just_registered_node_without_status_capacity(playbook, fake, kubeconfig, make_plan):
+    fake.add_node("node-2", with_capacity=False, ready=False)  # still carries node.kubernetes.io/not-ready
+    args = {"args": dict(node_args(kubeconfig, make_plan(), publish=False)["args"], node_name="node-2")}
+    res = playbook(NODE_PLAY, args)
     assert res.rc == 0, res.stdout
-    assert fake.nodes["node-2"]["status"]["capacity"] == {EXCL: "6"}
+    node = fake.nodes["node-2"]
+    assert node["status"]["capacity"] == {EXCL: "6"}
+    assert node["status"]["allocatable"] == {EXCL: "6"}  # the server copies a capacity set without allocatable
+    assert [(t["key"], t["effect"]) for t in node["spec"]["taints"]] == [
+        ("node.kubernetes.io/not-ready", "NoSchedule"),
+        ("cmk", "NoSchedule"),
+    ]
+    writes = len(fake.writes())
+    again = playbook(NODE_PLAY, args)
+    assert again.rc == 0 and again.changed() == 0 and len(fake.writes()) == writes
 
 
 def test_drain_respects_pdbs_skips_daemonsets_and_uncordons(playbook, fake, kubeconfig):
     fake.add_pod("shop", "web-1", "node-1", owner="ReplicaSet")
-    fake.add_pod("shop", "db-0", "node-1", owner="StatefulSet")
+    fake.add_pod("shop", "db-0", "node-1", owner="StatefulSet", labels={"app": "db"})
+    fake.add_pod("shop", "db-1", "node-2", owner="StatefulSet", labels={"app": "db"})
+    fake.add_pod("shop", "db-2", "node-2", owner="StatefulSet", labels={"app": "db"}, ready=False)
+    fake.add_pdb("shop", "db-budget", {"app": "db"}, min_available=2)
+    # Not running yet: its budget does not count it, it is evicted at once.
+    fake.add_pod(
+        "shop", "cache-0", "node-1", owner="StatefulSet", labels={"app": "cache"}, phase="Pending", ready=False
+    )
+    fake.add_pdb("shop", "cache-budget", {"app": "cache"}, min_available=1)
     fake.add_pod("kube-system", "proxy-x", "node-1", owner="DaemonSet")
     fake.add_pod("kube-system", "etcd-node-1", "node-1", mirror=True)
     fake.add_pod("shop", "web-2", "node-2", owner="ReplicaSet")
-    fake.block_eviction("shop", "db-0", 2)
+    tries = []
+
+    def db_2_ready_on_the_third_try():
+        tries.append(1)
+        if len(tries) == 3:
+            fake.set_pod("shop", "db-2", ready=True)
+
+    fake.before("POST", r"/pods/db-0/eviction$", db_2_ready_on_the_third_try, times=-1)
     fake.evict_linger = 1
     args = {"node_name": "node-1", "kubeconfig": str(kubeconfig), "poll_interval": 0.1, "timeout": 30}
     check = playbook(DRAIN_PLAY, {"args": args}, "--check")
@@ -176,11 +261,22 @@ def test_drain_respects_pdbs_skips_daemonsets_and_uncordons(playbook, fake, kube
     assert res.rc == 0, res.stdout
     out = res.result("Drain")
     assert out["cordoned"] and out["blocked_retries"] == 2
-    assert out["evicted"] == [{"namespace": "shop", "name": "db-0"}, {"namespace": "shop", "name": "web-1"}]
+    assert out["evicted"] == [
+        {"namespace": "shop", "name": "cache-0"},
+        {"namespace": "shop", "name": "db-0"},
+        {"namespace": "shop", "name": "web-1"},
+    ]
     assert fake.nodes["node-1"]["spec"]["unschedulable"] is True
-    assert set(fake.pods) == {("kube-system", "proxy-x"), ("kube-system", "etcd-node-1"), ("shop", "web-2")}
+    assert set(fake.pods) == {
+        ("kube-system", "proxy-x"),
+        ("kube-system", "etcd-node-1"),
+        ("shop", "web-2"),
+        ("shop", "db-1"),
+        ("shop", "db-2"),
+    }
     evictions = [r for r in fake.writes() if r.path.endswith("/eviction")]
     assert {r.body["apiVersion"] for r in evictions} == {"policy/v1"}
+    assert [r.path.split("/")[-2] for r in evictions].count("cache-0") == 1
     assert playbook(DRAIN_PLAY, {"args": args}).changed() == 0
     up = playbook(DRAIN_PLAY, {"args": dict(args, state="uncordoned")})
     assert up.rc == 0 and up.changed() == 1 and "unschedulable" not in fake.nodes["node-1"]["spec"]
@@ -188,12 +284,14 @@ def test_drain_respects_pdbs_skips_daemonsets_and_uncordons(playbook, fake, kube
 
 
 def test_drain_times_out_naming_the_blocked_pod_and_refuses_bare_pods(playbook, fake, kubeconfig):
-    fake.add_pod("shop", "db-0", "node-1", owner="StatefulSet")
-    fake.block_eviction("shop", "db-0", 1000)
+    fake.add_pod("shop", "db-0", "node-1", owner="StatefulSet", labels={"app": "db"})
+    fake.add_pdb("shop", "db-budget", {"app": "db"}, min_available=1)
     args = {"node_name": "node-1", "kubeconfig": str(kubeconfig), "poll_interval": 0.2, "timeout": 1}
     res = playbook(DRAIN_PLAY, {"args": args})
     assert res.rc != 0
     assert "shop/db-0" in res.messages() and "PodDisruptionBudget" in res.messages()
+    assert "The disruption budget db-budget needs 1 healthy pods and has 1 currently" in res.messages()
+    assert "host node-1: cpupools_k8s_drain_timeout: node 'node-1' on API server" in res.messages()
     assert "the node stays cordoned" in res.messages()
     fake.add_pod("shop", "bare", "node-1")
     res = playbook(DRAIN_PLAY, {"args": args})

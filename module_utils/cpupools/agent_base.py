@@ -1,0 +1,48 @@
+"""What both sides of ``cmk`` need: exit statuses and option values.
+
+``agent.py`` (the entry point and ``isolate``) and ``agent_report.py``
+(``reconcile``, ``describe``, ``node-report``) both import this module and
+``state.py``; neither imports the other at module level, so the agent reads
+as one layer over the state code. Standard library only, cheap to import.
+"""
+
+from __future__ import annotations
+
+from . import state as st
+from .errors import StateError, UsageError
+
+EXIT_OK = 0
+EXIT_USAGE = UsageError.exit_status  # 64
+EXIT_INTERNAL = 70
+EXIT_OSERR = 71  # setting the CPU affinity failed, or another OS error
+EXIT_NOT_EXECUTABLE = 126
+EXIT_NOT_FOUND = 127
+
+#: Longest ``--interval`` accepted: a day (``time.sleep`` refuses far larger values).
+MAX_INTERVAL = 86400.0
+
+
+def conf_dir(opts: dict[str, str | bool]) -> str:
+    """``--conf-dir``, default ``/etc/cmk``."""
+    return str(opts.get("--conf-dir") or st.DEFAULT_CONF_DIR)
+
+
+def seconds(opts: dict[str, str | bool], name: str) -> float:
+    """A ``--interval``-like option: a finite number of seconds, 0 (the default) for "once"."""
+    raw = str(opts.get(name, "0"))
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    # float() takes "nan", "inf" and "1e400" (= inf); none of them is a usable interval.
+    if not 0 <= value <= MAX_INTERVAL:
+        raise UsageError(f"{name}={raw!r} is not a number of seconds from 0 to {MAX_INTERVAL:g}")
+    return value
+
+
+def tasks_or_none(cl: st.CpuList) -> list[int] | None:
+    """The cpulist's tasks, or None when its ``tasks`` file is damaged (such a list is never handed out)."""
+    try:
+        return cl.tasks
+    except StateError:
+        return None
