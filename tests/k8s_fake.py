@@ -701,6 +701,14 @@ class FakeKube:
         """Store a CRD as it is, without the v1 checks (an old CRD a cluster upgrade kept)."""
         crd = copy.deepcopy(crd)
         crd["metadata"] = self._meta(name, **{k: v for k, v in crd.get("metadata", {}).items() if k != "name"})
+        crd["status"] = {
+            "acceptedNames": copy.deepcopy(crd["spec"]["names"]),
+            "conditions": [
+                {"type": "NamesAccepted", "status": "True", "reason": "NoConflicts"},
+                {"type": "Established", "status": "True", "reason": "InitialNamesAccepted"},
+            ],
+            "storedVersions": [v["name"] for v in crd["spec"]["versions"] if v.get("storage")],
+        }
         self.crds[name] = crd
 
     def writes(self) -> list[Recorded]:
