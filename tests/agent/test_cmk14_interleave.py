@@ -18,22 +18,27 @@ PLAN_ONE = make_plan({"exclusive": {"0": ["0"]}, "shared": {"0": ["1"]}})
 ATTEMPTS = int(os.environ.get("CPUPOOLS_INTERLEAVE_ATTEMPTS", "1000"))
 
 
-def _pid_namespace_works() -> bool:
-    if not shutil.which("unshare") or not shutil.which("flock"):
+def _can_choose_pids() -> bool:
+    """Root may write ns_last_pid (writing back what it holds changes nothing)."""
+    if not shutil.which("flock"):
         return False
-    probe = ["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", "echo 99 > /proc/sys/kernel/ns_last_pid"]
-    return subprocess.run(probe, capture_output=True, check=False).returncode == 0
+    try:
+        with open("/proc/sys/kernel/ns_last_pid", "r+") as handle:
+            handle.write(handle.read().strip())
+    except OSError:
+        return False
+    return True
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _pid_namespace_works(), reason="needs unshare --pid and a writable ns_last_pid (root)")
+@pytest.mark.skipif(not _can_choose_pids(), reason="needs root (a writable /proc/sys/kernel/ns_last_pid) and flock")
 def test_cmk14_and_cpupools_agents_never_hand_one_list_to_two_live_processes(cmk, tmp_path):
     conf = write_plan_state(tmp_path / "cmk", PLAN_ONE)
     work = tmp_path / "work"
     work.mkdir()
     res = subprocess.run(
         [
-            *("unshare", "--pid", "--fork", "--mount-proc", sys.executable, str(FIXTURES / "cmk14_interleave.py")),
+            *(sys.executable, str(FIXTURES / "cmk14_interleave.py")),
             *(f"--cmk={cmk}", f"--standin={FIXTURES / 'cmk14_standin.py'}", f"--conf={conf}", f"--work={work}"),
             f"--attempts={ATTEMPTS}",
         ],
@@ -51,6 +56,7 @@ def test_cmk14_and_cpupools_agents_never_hand_one_list_to_two_live_processes(cmk
     assert stats["unclean_after_reconcile"] == 0  # dead tasks freed, orphan markers cleaned
     # The test exercised what it is about: PIDs were reused on demand, and a CMK isolate (or ours)
     # took the list under the PID of a killed holder, often over our left-over marker.
-    assert stats["forced_reuse_hits"] >= 0.95 * stats["forced_reuse"] > 0
+    # (another process on the machine may fork between our ns_last_pid write and our spawn: a miss)
+    assert stats["forced_reuse_hits"] >= 0.8 * stats["forced_reuse"] > 0
     assert stats["reused_pid_took_list"] >= ATTEMPTS // 10
     assert stats["reused_pid_over_our_marker"] >= ATTEMPTS // 20
