@@ -32,6 +32,11 @@ server's rules wherever a forgiving fake would let a bug through:
   Running, Ready and not being deleted; a refusal is a 429 whose
   ``details.causes`` names the budget and its counts; pods not running
   (Pending, Succeeded, Failed) are evicted whatever the budget says;
+- built-in namespaced and cluster-scoped collections (``BUILTIN``: configmaps,
+  secrets, services, serviceaccounts, daemonsets, deployments, RBAC cluster
+  roles and bindings, mutating webhook configurations): list, get, create,
+  delete; pods can be deleted too; custom objects of namespaced CRDs
+  (``add_crd_raw`` stores a CRD as an old cluster kept it);
 - ``resourceVersion``: one counter for the whole store, bumped on every write
   that changes something (a no-op patch or identical PUT bumps neither it nor
   ``generation``, which counts spec changes); a stale one is a 409;
@@ -495,6 +500,8 @@ class FakeKube:
     pdbs: dict = field(default_factory=dict)  # (namespace, name) -> PodDisruptionBudget
     crds: dict = field(default_factory=dict)
     objects: dict = field(default_factory=dict)  # (group, plural, name) -> object
+    # (api, plural, namespace or "", name) -> object, for BUILTIN collections and namespaced custom objects
+    resources: dict = field(default_factory=dict)
     requests: list = field(default_factory=list)
     evict_linger: int = 0  # pod reads an evicted pod stays visible (terminating) for
     crd_establish_delay: float = 0.3  # seconds from a CRD's creation to Established (and its group served)
@@ -680,6 +687,29 @@ class FakeKube:
         }
         self.pods[(namespace, name)] = pod
         return pod
+
+    def add_resource(self, api: str, plural: str, name: str, namespace: str = "", **fields: object) -> dict:
+        """Store an object of a BUILTIN collection or a namespaced custom one (``api``: ``v1``, ``group/version``)."""
+        kind = BUILTIN.get((api, plural), (None, fields.pop("kind", plural)))[1]
+        meta = self._meta(name, **({"namespace": namespace} if namespace else {}))
+        meta.update(fields.pop("metadata", {}))
+        obj = {"apiVersion": api, "kind": kind, "metadata": meta, **copy.deepcopy(fields)}
+        self.resources[(api, plural, namespace, name)] = obj
+        return obj
+
+    def add_crd_raw(self, name: str, crd: dict) -> None:
+        """Store a CRD as it is, without the v1 checks (an old CRD a cluster upgrade kept)."""
+        crd = copy.deepcopy(crd)
+        crd["metadata"] = self._meta(name, **{k: v for k, v in crd.get("metadata", {}).items() if k != "name"})
+        crd["status"] = {
+            "acceptedNames": copy.deepcopy(crd["spec"]["names"]),
+            "conditions": [
+                {"type": "NamesAccepted", "status": "True", "reason": "NoConflicts"},
+                {"type": "Established", "status": "True", "reason": "InitialNamesAccepted"},
+            ],
+            "storedVersions": [v["name"] for v in crd["spec"]["versions"] if v.get("storage")],
+        }
+        self.crds[name] = crd
 
     def writes(self) -> list[Recorded]:
         return [r for r in self.requests if r.method in WRITE_METHODS]
@@ -931,8 +961,12 @@ class FakeKube:
         if pod is None:
             raise ApiError(404, f'pods "{name}" not found', details={"name": name, "kind": "pods"})
         if sub is None:
+            if method == "DELETE":
+                del self.pods[(namespace, name)]
+                self._rv += 1
+                return 200, pod
             if method != "GET":
-                raise ApiError(405, "only get is served on pods in this fake")
+                raise ApiError(405, "only get and delete are served on pods in this fake")
             result = copy.deepcopy(pod)
             self._age_evicted()
             return 200, result
@@ -1247,6 +1281,67 @@ class FakeKube:
         obj["metadata"].update({k: current["metadata"][k] for k in ("uid", "creationTimestamp", "generation")})
         return self._store(self.objects, (group, plural, name), current, obj)
 
+    def _collection(self, method, query, ctype, body, api, namespace, plural, name, kind):
+        """List, get, create and delete in a BUILTIN collection or a namespaced custom one."""
+        ns = namespace or ""
+        resource = plural if "/" not in api else f"{plural}.{api.split('/')[0]}"
+        if name is None:
+            if method == "GET":
+                items = [
+                    copy.deepcopy(o)
+                    for (a, p, n, _), o in sorted(self.resources.items())
+                    if (a, p) == (api, plural) and (namespace is None or n == ns)
+                ]
+                return 200, {
+                    "kind": f"{kind}List",
+                    "apiVersion": api,
+                    "metadata": {"resourceVersion": str(self._rv)},
+                    "items": items,
+                }
+            if method != "POST":
+                raise ApiError(405, "method not allowed")
+            if not isinstance(body, dict) or body.get("kind") != kind or not body.get("metadata", {}).get("name"):
+                raise ApiError(400, f"the body must be a {kind} with a name")
+            name = body["metadata"]["name"]
+            if (api, plural, ns, name) in self.resources:
+                raise ApiError(
+                    409, f'{resource} "{name}" already exists', "AlreadyExists", {"name": name, "kind": plural}
+                )
+            fields = {k: v for k, v in body.items() if k not in ("apiVersion", "kind", "metadata")}
+            return 201, copy.deepcopy(self.add_resource(api, plural, name, ns, kind=kind, **fields))
+        current = self.resources.get((api, plural, ns, name))
+        if current is None:
+            raise ApiError(404, f'{resource} "{name}" not found', details={"name": name, "kind": plural})
+        if method == "GET":
+            return 200, copy.deepcopy(current)
+        if method == "DELETE":
+            del self.resources[(api, plural, ns, name)]
+            self._rv += 1
+            return 200, status_body(200, "", "", {"name": name, "kind": plural})
+        raise ApiError(405, "only get and delete are served on single objects of this collection in this fake")
+
+    def _builtin(self, method, query, ctype, body, api, namespace, plural, name):
+        entry = BUILTIN.get((api, plural))
+        if entry is None or entry[0] != (namespace is not None):
+            raise ApiError(404, "the server could not find the requested resource")
+        return self._collection(method, query, ctype, body, api, namespace, plural, name, entry[1])
+
+    def _core(self, method, query, ctype, body, namespace, plural, name):
+        return self._builtin(method, query, ctype, body, "v1", namespace, plural, name)
+
+    def _cluster(self, method, query, ctype, body, group, version, plural, name):
+        return self._group(method, query, ctype, body, group, version, None, plural, name)
+
+    def _group(self, method, query, ctype, body, group, version, namespace, plural, name):
+        api = f"{group}/{version}"
+        if (api, plural) in BUILTIN:
+            return self._builtin(method, query, ctype, body, api, namespace, plural, name)
+        crd = self.crds.get(f"{plural}.{group}")
+        served = crd and any(v["name"] == version and v.get("served") for v in crd["spec"]["versions"])
+        if not served or namespace is None or crd["spec"]["scope"] != "Namespaced":
+            raise ApiError(404, "the server could not find the requested resource")
+        return self._collection(method, query, ctype, body, api, namespace, plural, name, crd["spec"]["names"]["kind"])
+
     def _check_object(self, body: object, group: str, version: str, kind: str, schema: dict, validation: str) -> dict:
         if not isinstance(body, dict):
             raise ApiError(400, "the body must be an object")
@@ -1272,6 +1367,20 @@ class FakeKube:
         if validation != "Ignore":
             self._warnings += [f'unknown field "{u}"' for u in unknown]
         return {"apiVersion": body["apiVersion"], "kind": kind, "metadata": metadata, **pruned}
+
+
+#: Built-in collections served generically: (api, plural) -> (namespaced, kind).
+BUILTIN = {
+    ("v1", "configmaps"): (True, "ConfigMap"),
+    ("v1", "secrets"): (True, "Secret"),
+    ("v1", "services"): (True, "Service"),
+    ("v1", "serviceaccounts"): (True, "ServiceAccount"),
+    ("apps/v1", "daemonsets"): (True, "DaemonSet"),
+    ("apps/v1", "deployments"): (True, "Deployment"),
+    ("rbac.authorization.k8s.io/v1", "clusterroles"): (False, "ClusterRole"),
+    ("rbac.authorization.k8s.io/v1", "clusterrolebindings"): (False, "ClusterRoleBinding"),
+    ("admissionregistration.k8s.io/v1", "mutatingwebhookconfigurations"): (False, "MutatingWebhookConfiguration"),
+}
 
 
 def _no_resource_version(obj: dict) -> None:
@@ -1347,6 +1456,12 @@ ROUTES: list[tuple[re.Pattern, Callable]] = [
     (re.compile(r"/api/v1/namespaces/([^/]+)/pods"), FakeKube._pods),
     (re.compile(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)(?:/(eviction))?"), FakeKube._pod),
     (re.compile(r"/apis/apiextensions\.k8s\.io/v1/customresourcedefinitions(?:/([^/]+))?"), FakeKube._crds),
+    (re.compile(r"/api/v1/namespaces/([^/]+)/([^/]+)(?:/([^/]+))?"), FakeKube._core),
+    (re.compile(r"/apis/([^/]+)/([^/]+)/namespaces/([^/]+)/([^/]+)(?:/([^/]+))?"), FakeKube._group),
+    (
+        re.compile(r"/apis/(rbac\.authorization\.k8s\.io|admissionregistration\.k8s\.io)/(v1)/([^/]+)(?:/([^/]+))?"),
+        FakeKube._cluster,
+    ),
     (re.compile(r"/apis/([^/]+)/([^/]+)/([^/]+)(?:/([^/]+))?"), FakeKube._custom),
 ]
 

@@ -33,6 +33,8 @@ usage:
 
 environment: CMK_NUM_CORES (isolate, exclusive pools; default 1), CMK_PROC_FS
 (host /proc; default /proc), CMK_LOCK_TIMEOUT (seconds; default 30),
+CMK_ISOLATE_SHELL (isolate: 1 runs "COMMAND ARGS..." through /bin/sh -c as CMK
+v1.4 did, 0 runs argv; default: isolate_shell in <conf-dir>/cpupools.agent, else 0),
 CPUPOOLS_METRICS_DIR (reconcile's node_exporter textfile directory),
 CPUPOOLS_KUBECONFIG, NODE_NAME, CPUPOOLS_EXCLUSIVE_RESOURCE, CPUPOOLS_ENI_RESOURCE
 (reconcile re-advertises the extended resources with the kubelet's credentials).
@@ -125,6 +127,37 @@ def _join_lists(lists: list[st.CpuList]) -> str:
 
 
 # isolate ----------------------------------------------------------------------
+
+_SWITCH = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
+
+
+def isolate_shell(environ: dict[str, str] | os._Environ, conf: str) -> bool:
+    """Whether ``isolate`` runs its command through ``/bin/sh -c`` (CMK v1.4) instead of as argv.
+
+    The workload's ``CMK_ISOLATE_SHELL`` decides; without it, the node's
+    default ``isolate_shell`` in ``<conf>/cpupools.agent`` (written by the
+    cpupools_agent role); without that, argv.
+    """
+    raw = environ.get("CMK_ISOLATE_SHELL", "")
+    where = "CMK_ISOLATE_SHELL"
+    if not raw:
+        path = os.path.join(conf, st.AGENT_SETTINGS)
+        try:
+            with open(path, encoding="ascii") as handle:
+                for line in handle:
+                    key, eq, value = line.partition("=")
+                    if eq and key.strip() == "isolate_shell":
+                        raw, where = value.strip(), f"{path}: isolate_shell"
+        except FileNotFoundError:
+            return False
+        except (OSError, UnicodeDecodeError) as exc:
+            raise StateError(f"cannot read {path}: {exc}") from None
+    if not raw:
+        return False
+    value = _SWITCH.get(raw.strip().lower())
+    if value is None:
+        raise UsageError(f"{where}={raw!r}: expected 1 (run the command through /bin/sh -c) or 0")
+    return value
 
 
 class _Signals:
@@ -396,6 +429,9 @@ def cmd_isolate(opts: dict[str, str | bool], positional: list[str], environ: dic
     timeout = st.lock_timeout(environ)
     proc_fs = environ.get("CMK_PROC_FS") or "/proc"
     pool_name = str(pool_name)
+    if isolate_shell(environ, conf):
+        # CMK v1.4: Popen(" ".join([command] + args), shell=True); "$CMK_CPUS_ASSIGNED", ";" work again.
+        positional = ["/bin/sh", "-c", " ".join(positional)]
     pid, start = _self_identity(proc_fs)
     signals = _Signals()
     chosen, pools = acquire(conf, pool_name, socket, environ, pid, start, proc_fs, timeout)

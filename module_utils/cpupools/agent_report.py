@@ -36,8 +36,11 @@ def reconcile_pass(
     remove are then re-read and written under the lock, a few at a time
     (``BATCH_SECONDS``), so isolates never wait long however big the state.
     Under the lock a PID is removed only if it is still recorded with the
-    start time seen in the scan, so an isolate that took the list meanwhile
-    keeps it. Also under the lock: temporary files of killed writers and
+    start time seen in the scan and still does not run: our isolate that took
+    the list meanwhile wrote its own marker, and a CMK v1.4 isolate that got
+    the PID again after CMK's reconcile dropped it writes none, so only
+    ``/proc`` tells it apart. A running PID is never freed, whatever its
+    marker says (``state.task_alive``). Also under the lock: temporary files of killed writers and
     markers whose PID is not in ``tasks`` are removed.
 
     Stray entries and damaged ``tasks`` files are appended to ``strays`` (one
@@ -98,7 +101,7 @@ def reconcile_pass(
                 i += 1
                 fresh = st.CpuList(cl.pool, cl.socket, cl.cpus, cl.path)
                 try:
-                    removed = _reclaim_list(fresh, dead)
+                    removed = _reclaim_list(fresh, dead, proc_fs)
                 except StateError as exc:
                     # Still there: damaged. Gone: the module dropped it meanwhile, nothing to say.
                     if os.path.isdir(cl.path):
@@ -118,16 +121,16 @@ def reconcile_pass(
     return reclaimed, sizes
 
 
-def _reclaim_list(cl: st.CpuList, dead: set[tuple[int, int | None]]) -> list[int]:
+def _reclaim_list(cl: st.CpuList, dead: set[tuple[int, int | None]], proc_fs: str) -> list[int]:
     """Under the lock: drop the PIDs of ``dead`` still recorded with the same start; clean leftovers."""
     dfd = st.open_dir(cl.path)
     try:
         names = os.listdir(dfd)
         tasks = cl.tasks
         cl._starts = st.parse_start_markers(names)
-        # Same PID and same recorded start as when found dead: the same dead process (an isolate
-        # that took the PID since would have written its own start marker), no /proc read needed.
-        removed = [pid for pid in tasks if (pid, cl.starts.get(pid)) in dead]
+        # Same PID and same recorded start as when found dead, and still not running: a CMK v1.4
+        # isolate may have taken the list under the same PID since the scan, and it writes no marker.
+        removed = [pid for pid in tasks if (pid, cl.starts.get(pid)) in dead and not st.task_alive(proc_fs, pid)]
         for name in names:
             if st.is_temporary(name):
                 try:  # noqa: SIM105 - contextlib costs ~1 ms of start-up

@@ -45,6 +45,7 @@ _FILE_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 _DNS_SUBDOMAIN_RE = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _NAME_RE = re.compile(r"^(?=.{1,63}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _LABEL_VALUE_RE = re.compile(r"^((?=.{1,63}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
+_NAMESPACE_RE = re.compile(r"^(?=.{1,63}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _SERIAL_RE = re.compile(r"^[0-9]{1,3}%$")
 
 
@@ -302,6 +303,14 @@ def _shebang(raw: object, field: str) -> str:
     return text
 
 
+def _namespaces(raw: object, field: str) -> list[str]:
+    names = [to_str(item, field) for item in to_list(raw, field)]
+    for name in names:
+        if not _NAMESPACE_RE.match(name):
+            raise InputError(f"{show(name)} is not a Kubernetes namespace name", field)
+    return names
+
+
 def _task_group(raw: object, field: str) -> str:
     text = to_str(raw, field, allow_empty=True)
     if text and (len(text) > 32 or any(c in text for c in " :/,")):
@@ -381,6 +390,7 @@ SPEC: dict[str, Var] = {
     "agent_kubeconfig": _var("agent", _path(allow_empty=True), "/etc/kubernetes/kubelet.conf"),
     "agent_node_name": _var("agent", _str(False, _DNS_SUBDOMAIN_RE, "a Kubernetes node name"), derived=True),
     "lock_timeout": _var("agent", _int(1, 3600), 30, "int"),
+    "agent_isolate_shell": _var("agent", to_bool, False, "bool"),
     "manage_services": _var("agent", to_bool, None, "bool", derived=True),
     # cpupools_k8s
     "k8s_enabled": _var("k8s", to_bool, True, "bool"),
@@ -399,6 +409,8 @@ SPEC: dict[str, Var] = {
     "k8s_drain_timeout": _var("k8s", _int(1, 86400), 300, "int"),
     "k8s_drain_poll_interval": _var("k8s", to_number, 2, "float"),
     "k8s_drain_delete_unmanaged": _var("k8s", to_bool, False, "bool"),
+    # cpupools_cmk_retire
+    "cmk_retire_namespaces": _var("cmk_retire", _namespaces, ["default", "intel-cmk"], "list"),
     # cpupools_report
     "report_html": _var("report", _path(allow_empty=True), derived=True),
     "report_print": _var("report", to_bool, True, "bool"),
@@ -427,6 +439,11 @@ INTERNAL = frozenset(
         "agent_build_script",
         "agent_build_output",
         "agent_build_src",
+        "agent_conf_dest",
+        "cmk_retire_in_cluster",
+        "cmk_retire_kubeconfig",
+        "cmk_retire_node",
+        "cmk_retire_result",
         "agent_stage",
         "agent_unit",
         "agent_unit_dir",

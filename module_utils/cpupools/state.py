@@ -26,6 +26,8 @@ cpulist directories and reads only ``tasks`` inside a cpulist directory):
     <conf>/cpupools.json                                        plan fingerprint + hand-out order
     <conf>/cpupools.order                                       hand-out order, one line per
                                                                 exclusive pool (read by isolate)
+    <conf>/cpupools.agent                                       the agent's node defaults
+                                                                (``isolate_shell=0|1``)
     <conf>/pools/<pool>/<socket>/<cpulist>/task.<pid>.<start>   empty marker: the start time
                                                                 (field 22 of /proc/PID/stat) of
                                                                 each task, to catch PID reuse
@@ -65,6 +67,8 @@ LOCK = "lock"
 POOLS = "pools"
 META = "cpupools.json"
 ORDER = "cpupools.order"
+#: The node agent's settings (``key=value`` lines), written by the cpupools_agent role.
+AGENT_SETTINGS = "cpupools.agent"
 TASKS = "tasks"
 CPUS_FILE = "cpus"
 #: Longest file name (bytes) of Linux file systems (ext4, xfs, btrfs, tmpfs).
@@ -206,20 +210,25 @@ def read_proc_stat(proc_fs: str, pid: int | str) -> tuple[int, str, int] | None:
         return None
 
 
-def task_alive(proc_fs: str, pid: int, start: int | None) -> bool:
-    """True when ``pid`` runs and, if its start time was recorded, is the same process.
+def task_alive(proc_fs: str, pid: int, start: int | None = None) -> bool:
+    """True while ``pid`` runs; a zombie counts as dead (the isolate has exited).
 
-    A zombie counts as dead: the isolate process has exited, only its exit
-    status is left for its parent. A process the procfs will not show
-    (``PermissionError``) counts as alive: never free a list on a guess.
+    ``start``, the start time a marker recorded, does not decide: a marker
+    that disagrees proves only that the process which took the list is gone,
+    not that the PID holds nothing. CMK v1.4's reconcile drops a dead PID from
+    ``tasks`` and leaves our marker behind; a CMK isolate that gets the same
+    PID again takes the list and writes no marker. A running PID is therefore
+    kept, whatever its marker says; only a PID that does not run is freed
+    (docs/cmk-comparison.md, "Running next to CMK"). A process the procfs
+    will not show (``PermissionError``) counts as alive: never free a list on
+    a guess.
     """
+    del start  # kept in the signature: callers pass what they recorded, see above
     try:
         stat = read_proc_stat(proc_fs, pid)
     except PermissionError:
         return True
-    if stat is None or stat[1] in ("Z", "X"):
-        return False
-    return start is None or stat[2] == start
+    return stat is not None and stat[1] not in ("Z", "X")
 
 
 #: Inode of the initial PID namespace (``PROC_PID_INIT_INO`` in the kernel, fixed).

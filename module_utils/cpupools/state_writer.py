@@ -825,7 +825,7 @@ def converge(
             if not check_mode:
                 for name in (st.NEW_TREE, st.OLD_TREE, st.POOLS):
                     _remove(os.path.join(conf_dir, name))
-                for name in (st.META, st.ORDER, st.LOCK):
+                for name in (st.META, st.ORDER, st.AGENT_SETTINGS, st.LOCK):
                     _remove(os.path.join(conf_dir, name))
                 with contextlib.suppress(OSError):  # not empty: something else lives there; leave it
                     os.rmdir(conf_dir)

@@ -1,0 +1,116 @@
+#!/usr/bin/python
+"""Ansible module: remove CMK's cluster pieces from nodes cpupools has adopted."""
+
+DOCUMENTATION = r"""
+---
+module: cpupools_cmk_retire
+short_description: Remove what Intel's CMK left in the cluster, in a safe order, once cpupools runs the nodes
+description:
+  - Runs on the controller (delegate it to localhost, once for the nodes of the run) and talks to the
+    Kubernetes API with the C(kubernetes) Python library.
+  - Looks up by name what CMK's C(cluster-init), manifests and webhook created, and removes it in this
+    order - for each of O(nodes), CMK's agents (C(cmk-init-install-discover-pod-<node>),
+    C(cmk-reconfigure-pod-<node>), DaemonSet C(cmk-reconcile-nodereport-ds-<node>)), then its data
+    (ConfigMaps C(cmk-config-<node>), C(cmk-reconfigure-<node>), the node's C(cmk-nodereports) and
+    C(cmk-reconcilereports) objects); then, only when no node outside O(nodes) still runs CMK, the
+    C(-all) DaemonSets and cluster-init pods, the webhook (MutatingWebhookConfiguration
+    C(cmk-webhook-config) first, then its Deployment, Service, Secret and ConfigMap), the report CRDs,
+    CMK's ClusterRoleBindings and ClusterRoles, and the C(cmk-serviceaccount) ServiceAccount.
+  - Keeps the webhook while running pods carry its mutation (annotation
+    C(cmk.intel.com/resources-injected)) and the service account while running pods use it, and says why.
+  - Never touches the node label, taint or extended resources, which cpupools manages under the same names.
+  - With nothing of CMK present it changes nothing. Check mode sends only reads and reports what it would remove.
+options:
+  nodes:
+    description: The Kubernetes node names whose CMK pieces go (the nodes cpupools has adopted in this run).
+    type: list
+    elements: str
+    required: true
+  namespaces:
+    description: Namespaces CMK was installed into (its C(--namespace), and the namespace of its service account).
+    type: list
+    elements: str
+    default: [default, intel-cmk]
+extends_documentation_fragment:
+  - cpupools_kube
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: full
+    details: the objects present before and after
+"""
+
+EXAMPLES = r"""
+- name: Retire CMK from the nodes of this run
+  cpupools_cmk_retire:
+    nodes: "{{ ansible_play_hosts | map('extract', hostvars, 'cpupools_k8s_node_name') | list }}"
+    kubeconfig: ~/.kube/config
+  delegate_to: localhost
+  run_once: true
+"""
+
+RETURN = r"""
+found:
+  description: The CMK objects found, as C(Kind namespace/name) or C(Kind name), in removal order.
+  returned: always
+  type: list
+  elements: str
+removed:
+  description: The objects removed (in check mode, those that would be).
+  returned: always
+  type: list
+  elements: str
+kept:
+  description: Objects found and kept, each with C(object) and C(reason).
+  returned: always
+  type: list
+  elements: dict
+other_cmk_nodes:
+  description: Nodes outside O(nodes) that CMK still runs on; the cluster-wide pieces stay while there are any.
+  returned: always
+  type: list
+  elements: str
+server:
+  description: The API server URL.
+  returned: always
+  type: str
+"""
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible.module_utils.cpupools.cmk_retire import retire
+from ansible.module_utils.cpupools.errors import CpupoolsError
+from ansible.module_utils.cpupools.k8s import check_node_name
+from ansible.module_utils.cpupools.k8s_apply import Api
+from ansible.module_utils.cpupools_kube import CONNECTION_ARGS, HAS_KUBERNETES, KUBERNETES_IMPORT_ERROR, connect
+
+ARGUMENT_SPEC = {
+    "nodes": {"type": "list", "elements": "str", "required": True},
+    "namespaces": {"type": "list", "elements": "str", "default": ["default", "intel-cmk"]},
+    **CONNECTION_ARGS,
+}
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    if not HAS_KUBERNETES:
+        module.fail_json(msg=missing_required_lib("kubernetes"), exception=str(KUBERNETES_IMPORT_ERROR))
+    p = module.params
+    where = ",".join(p["nodes"])
+    try:
+        nodes = sorted({check_node_name(n) for n in p["nodes"]})
+        transport, server = connect(p["kubeconfig"], p["context"], p["in_cluster"], p["request_timeout"])
+        result = retire(Api(transport, server, where), nodes, list(p["namespaces"]), module.check_mode)
+    except CpupoolsError as exc:
+        module.fail_json(msg=exc.describe(where))
+    present = sorted(result["found"])
+    gone = set(result["removed"])
+    result["diff"] = {
+        "before": "".join(f"{o}\n" for o in present),
+        "after": "".join(f"{o}\n" for o in present if o not in gone),
+    }
+    module.exit_json(server=server, **result)
+
+
+if __name__ == "__main__":
+    main()
