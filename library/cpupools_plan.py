@@ -176,22 +176,9 @@ inputs:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.cpupools.errors import CpupoolsError
-from ansible.module_utils.cpupools.inputs import check_group, check_root, unknown_variables, validate_inputs
+from ansible.module_utils.cpupools.inputs import PLAN_KEYS, check_group, check_root, unknown_variables, validate_inputs
 from ansible.module_utils.cpupools.plan import make_request, plan_pools
 from ansible.module_utils.cpupools.topology import Topology
-
-REQUEST_OPTIONS = (
-    "num_exclusive_cores",
-    "num_shared_cores",
-    "exclusive_mode",
-    "shared_mode",
-    "excl_non_isolcpus",
-    "infra_cores",
-    "isolcpus_source",
-    "sst_bf",
-    "isolated_pools",
-    "isolate_cpu0",
-)
 
 ARGUMENT_SPEC = {
     "topology": {"type": "dict"},
@@ -223,7 +210,7 @@ def main():
         if params["inputs"] is None:
             if topology is None:
                 module.fail_json(msg="cpupools_plan: give topology, inputs, or both")
-            request = make_request({key: params[key] for key in REQUEST_OPTIONS})
+            request = make_request({key: params[key] for key in PLAN_KEYS})
         else:
             possible = None if topology is None else max([*topology.cpus, *topology.offline]) + 1
             checked = validate_inputs(params["inputs"], possible_cpus=possible)

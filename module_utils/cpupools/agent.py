@@ -20,7 +20,16 @@ import os
 import sys
 
 from . import state as st
-from .agent_base import EXIT_INTERNAL, EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_OK, EXIT_OSERR, conf_dir, tasks_or_none
+from .agent_base import (
+    EXIT_INTERNAL,
+    EXIT_NOT_EXECUTABLE,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_OSERR,
+    conf_dir,
+    self_identity,
+    tasks_or_none,
+)
 from .errors import CpupoolsError, NoFreeListsError, StateError, UnknownPoolError, UsageError
 
 USAGE = """\
@@ -308,25 +317,6 @@ def _child_exec(command: str, argv: list[str], env: dict, parent: int, report: i
     os._exit(EXIT_NOT_FOUND)
 
 
-def _self_identity(proc_fs: str) -> tuple[int, int]:
-    """Host PID and start time of this process, from ``<CMK_PROC_FS>/self/stat`` (CMK §4.1).
-
-    Refused (usage error, 64) when that procfs cannot show the host's PIDs
-    (``state.proc_view_problem``): a PID from a PID namespace of its own
-    would be recorded wrongly, and holders it cannot see would look dead.
-    """
-    try:
-        stat = st.read_proc_stat(proc_fs, "self")
-    except PermissionError:
-        stat = None
-    if stat is None:
-        raise UsageError(f"CMK_PROC_FS={proc_fs!r}: {proc_fs}/self/stat is not readable; mount the host /proc there")
-    problem = st.proc_view_problem(proc_fs, stat[0])
-    if problem is not None:
-        raise UsageError(f"refusing to record or reclaim tasks: {problem}")
-    return stat[0], stat[2]
-
-
 def _free(cl: st.CpuList) -> bool:
     return tasks_or_none(cl) == []
 
@@ -432,7 +422,7 @@ def cmd_isolate(opts: dict[str, str | bool], positional: list[str], environ: dic
     if isolate_shell(environ, conf):
         # CMK v1.4: Popen(" ".join([command] + args), shell=True); "$CMK_CPUS_ASSIGNED", ";" work again.
         positional = ["/bin/sh", "-c", " ".join(positional)]
-    pid, start = _self_identity(proc_fs)
+    pid, start = self_identity(proc_fs, "record or reclaim tasks")
     signals = _Signals()
     chosen, pools = acquire(conf, pool_name, socket, environ, pid, start, proc_fs, timeout)
     status = EXIT_INTERNAL

@@ -10,8 +10,8 @@ import os
 import sys
 
 from . import state as st
-from .agent_base import EXIT_OK, conf_dir, seconds, tasks_or_none
-from .errors import CpupoolsError, StateError, UsageError
+from .agent_base import EXIT_OK, conf_dir, seconds, self_identity, tasks_or_none
+from .errors import CpupoolsError, StateError
 
 # reconcile ----------------------------------------------------------------------
 
@@ -51,15 +51,7 @@ def reconcile_pass(
     """
     import time
 
-    try:
-        own = st.read_proc_stat(proc_fs, "self")
-    except PermissionError:
-        own = None
-    if own is None:
-        raise UsageError(f"CMK_PROC_FS={proc_fs!r}: {proc_fs}/self/stat is not readable; mount the host /proc there")
-    problem = st.proc_view_problem(proc_fs, own[0])
-    if problem is not None:
-        raise UsageError(f"refusing to reclaim tasks: {problem}")
+    self_identity(proc_fs, "reclaim tasks")
     strays = [] if strays is None else strays
     try:
         pools = st.read_state(conf, strays=strays)
