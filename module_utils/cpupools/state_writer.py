@@ -17,7 +17,8 @@ its name, whatever form that name has (CMK's core-by-core ``26,70,27,71``
 included), so a live CMK process that holds the path never loses it.
 
 Crash safety: every step of the write path can be killed (the fault test
-does, at each one, through ``CPUPOOLS_STATE_CRASH_AT``). Before the swap
+does, at each one, through ``CPUPOOLS_STATE_CRASH_AT``, and at every system
+call from the lock to the exit, with SIGKILL under strace). Before the swap
 only a dot-directory exists, which the next write removes; between the two
 renames of the swap ``state.live_tree`` finishes it for any entry point;
 after it, the tasks are already on their new lists and re-pinning follows

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -56,6 +57,48 @@ def state_dir(tmp_path):
         return write_plan_state(tmp_path / "cmk", plan, tasks, starts)
 
     return make
+
+
+_CALL = re.compile(r"^([a-z_0-9]+)\(")
+
+
+def traced_calls(
+    argv: list[str], trace: str, env: dict[str, str], first: str = "flock", leave_out: frozenset[str] = frozenset()
+) -> list[tuple[str, int]]:
+    """Run ``argv`` once under strace; ``(name, n)`` of every system call from the first ``first`` on.
+
+    ``n`` counts that name from the start of the process, as
+    ``strace -e inject=NAME:when=N`` does; names in ``leave_out`` are skipped.
+    """
+    res = subprocess.run(["strace", "-qq", "-o", trace, *argv], env=env, capture_output=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    seen: dict[str, int] = {}
+    points = []
+    started = False
+    with open(trace) as handle:
+        for line in handle:
+            match = _CALL.match(line)
+            if not match:
+                continue
+            name = match.group(1)
+            seen[name] = seen.get(name, 0) + 1
+            started = started or name == first
+            if started and name not in leave_out:
+                points.append((name, seen[name]))
+    assert points, f"no {first} in the trace"
+    return points
+
+
+def killed_at(argv: list[str], name: str, nth: int, env: dict[str, str]) -> int:
+    """Run ``argv`` with SIGKILL injected at the ``nth`` call of ``name``; its exit status (-9 or 137 when killed)."""
+    inject = f"inject={name}:signal=SIGKILL:when={nth}"
+    res = subprocess.run(
+        ["strace", "-qq", "-o", "/dev/null", "-e", f"trace={name}", "-e", inject, *argv],
+        env=env,
+        capture_output=True,
+        timeout=60,
+    )
+    return res.returncode
 
 
 def agent_env(**extra: str) -> dict[str, str]:

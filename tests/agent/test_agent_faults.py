@@ -12,50 +12,26 @@ nothing else: every live task kept, no list lost, no leftovers.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 
 import pytest
-from agent_support import PLAN_1X, PLAN_2X, agent_env, tasks_of, write_plan_state
+from agent_support import PLAN_1X, PLAN_2X, agent_env, tasks_of, traced_calls, write_plan_state
+from agent_support import killed_at as support_killed_at
 from cpupools import state as st
 
 pytestmark = pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace")
 
-CALL = re.compile(r"^([a-z_0-9]+)\(")
 DEAD = 2**22 + 11
 
 
 def write_path_calls(argv: list[str], trace: str) -> list[tuple[str, int]]:
     """``(name, n)`` of every system call from the first flock on, n counting that name from the start."""
-    res = subprocess.run(["strace", "-qq", "-o", trace, *argv], env=agent_env(), capture_output=True, timeout=60)
-    assert res.returncode == 0, res.stderr
-    seen: dict[str, int] = {}
-    points = []
-    locked = False
-    with open(trace) as handle:
-        for line in handle:
-            match = CALL.match(line)
-            if not match:
-                continue
-            name = match.group(1)
-            seen[name] = seen.get(name, 0) + 1
-            locked = locked or name == "flock"
-            if locked:
-                points.append((name, seen[name]))
-    assert points, "no flock in the trace"
-    return points
+    return traced_calls(argv, trace, agent_env())
 
 
 def killed_at(argv: list[str], name: str, nth: int) -> int:
-    inject = f"inject={name}:signal=SIGKILL:when={nth}"
-    res = subprocess.run(
-        ["strace", "-qq", "-o", "/dev/null", "-e", f"trace={name}", "-e", inject, *argv],
-        env=agent_env(),
-        capture_output=True,
-        timeout=60,
-    )
-    return res.returncode
+    return support_killed_at(argv, name, nth, agent_env())
 
 
 @pytest.fixture
