@@ -60,8 +60,8 @@ def reconcile_pass(
         strays.clear()
         with st.StateLock(conf, timeout):
             pools = st.read_state(conf, strays=strays)
-    seen: dict[tuple[int, int | None], bool] = {}  # a shared task sits in several lists: read /proc once
     work: list[tuple[st.CpuList, set[tuple[int, int | None]]]] = []
+    scanned: list[tuple[st.CpuList, list[str], list[int]]] = []
     for pool in pools.values():
         for cl in pool.cpulists():
             try:
@@ -71,16 +71,21 @@ def reconcile_pass(
                 work.append((cl, set()))  # damaged, or replaced meanwhile: look again under the lock
                 continue
             cl._starts = st.parse_start_markers(names)
-            dead = set()
-            for pid in tasks:
-                key = (pid, cl.starts.get(pid))
-                if key not in seen:
-                    seen[key] = st.task_alive(proc_fs, pid, key[1])
-                if not seen[key]:
-                    dead.add(key)
-            leftovers = any(st.is_temporary(n) for n in names) or any(p not in tasks for p in cl.starts)
-            if dead or leftovers:
-                work.append((cl, dead))
+            scanned.append((cl, names, tasks))
+    # Every (PID, start) one of our isolates marked: proof of which process holds what (state.task_alive).
+    marked = frozenset((pid, start) for cl, _, _ in scanned for pid, start in cl.starts.items())
+    seen: dict[tuple[int, int | None], bool] = {}  # a shared task sits in several lists: read /proc once
+    for cl, names, tasks in scanned:
+        dead = set()
+        for pid in tasks:
+            key = (pid, cl.starts.get(pid))
+            if key not in seen:
+                seen[key] = st.task_alive(proc_fs, pid, key[1], marked)
+            if not seen[key]:
+                dead.add(key)
+        leftovers = any(st.is_temporary(n) for n in names) or any(p not in tasks for p in cl.starts)
+        if dead or leftovers:
+            work.append((cl, dead))
     reclaimed: list[dict] = []
     damaged: set[str] = set()
     i = 0
@@ -93,7 +98,7 @@ def reconcile_pass(
                 i += 1
                 fresh = st.CpuList(cl.pool, cl.socket, cl.cpus, cl.path)
                 try:
-                    removed = _reclaim_list(fresh, dead, proc_fs)
+                    removed = _reclaim_list(fresh, dead, proc_fs, marked)
                 except StateError as exc:
                     # Still there: damaged. Gone: the module dropped it meanwhile, nothing to say.
                     if os.path.isdir(cl.path):
@@ -113,16 +118,23 @@ def reconcile_pass(
     return reclaimed, sizes
 
 
-def _reclaim_list(cl: st.CpuList, dead: set[tuple[int, int | None]], proc_fs: str) -> list[int]:
+def _reclaim_list(
+    cl: st.CpuList, dead: set[tuple[int, int | None]], proc_fs: str, marked: frozenset = frozenset()
+) -> list[int]:
     """Under the lock: drop the PIDs of ``dead`` still recorded with the same start; clean leftovers."""
     dfd = st.open_dir(cl.path)
     try:
         names = os.listdir(dfd)
         tasks = cl.tasks
         cl._starts = st.parse_start_markers(names)
-        # Same PID and same recorded start as when found dead, and still not running: a CMK v1.4
-        # isolate may have taken the list under the same PID since the scan, and it writes no marker.
-        removed = [pid for pid in tasks if (pid, cl.starts.get(pid)) in dead and not st.task_alive(proc_fs, pid)]
+        # Same PID and same recorded start as when found dead, and still dead: a CMK v1.4 isolate
+        # may have taken the list under the same PID since the scan, and it writes no marker. A
+        # process started since the scan has a start time no marker of the scan names, so it is kept.
+        removed = [
+            pid
+            for pid in tasks
+            if (pid, cl.starts.get(pid)) in dead and not st.task_alive(proc_fs, pid, cl.starts.get(pid), marked)
+        ]
         for name in names:
             if st.is_temporary(name):
                 try:  # noqa: SIM105 - contextlib costs ~1 ms of start-up

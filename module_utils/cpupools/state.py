@@ -210,25 +210,33 @@ def read_proc_stat(proc_fs: str, pid: int | str) -> tuple[int, str, int] | None:
         return None
 
 
-def task_alive(proc_fs: str, pid: int, start: int | None = None) -> bool:
-    """True while ``pid`` runs; a zombie counts as dead (the isolate has exited).
+def task_alive(
+    proc_fs: str, pid: int, start: int | None = None, marked: frozenset[tuple[int, int]] = frozenset()
+) -> bool:
+    """True while the task entry ``pid`` (recorded with marker ``start``) may be held by a running process.
 
-    ``start``, the start time a marker recorded, does not decide: a marker
-    that disagrees proves only that the process which took the list is gone,
-    not that the PID holds nothing. CMK v1.4's reconcile drops a dead PID from
-    ``tasks`` and leaves our marker behind; a CMK isolate that gets the same
-    PID again takes the list and writes no marker. A running PID is therefore
-    kept, whatever its marker says; only a PID that does not run is freed
-    (docs/cmk-comparison.md, "Running next to CMK"). A process the procfs
-    will not show (``PermissionError``) counts as alive: never free a list on
-    a guess.
+    A PID that does not run is dead; a zombie too (the isolate has exited).
+    A marker that disagrees with the running process's start time proves
+    only that the process which took the list is gone, not that the PID
+    holds nothing: CMK v1.4's reconcile drops a dead PID from ``tasks`` and
+    leaves our marker behind, and a CMK isolate that gets the same PID again
+    takes the list and writes no marker. So a running PID is kept whatever
+    its marker says (docs/cmk-comparison.md, "Running next to CMK"), with
+    one exception that is proof rather than a guess: when ``marked`` (every
+    ``(pid, start)`` our markers name, over all lists) holds the running
+    process's own start time, that process is one of our isolates, which
+    marks every list it takes, so an entry of its PID with another start, or
+    with none, belongs to an earlier process and is dead. A process the
+    procfs will not show (``PermissionError``) counts as alive: never free a
+    list on a guess.
     """
-    del start  # kept in the signature: callers pass what they recorded, see above
     try:
         stat = read_proc_stat(proc_fs, pid)
     except PermissionError:
         return True
-    return stat is not None and stat[1] not in ("Z", "X")
+    if stat is None or stat[1] in ("Z", "X"):
+        return False
+    return start == stat[2] or (pid, stat[2]) not in marked
 
 
 #: Inode of the initial PID namespace (``PROC_PID_INIT_INO`` in the kernel, fixed).

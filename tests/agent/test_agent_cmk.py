@@ -237,23 +237,30 @@ def test_reconcile_keeps_a_running_pid_whose_marker_disagrees(cmk, state_dir):
     sleeper = subprocess.Popen(["sleep", "60"])
     try:
         real = st.read_proc_stat("/proc", sleeper.pid)[2]
-        # "0": taken by a process long gone whose PID the sleeper now has (a CMK isolate may have
-        # re-taken the list under that PID: it writes no marker); "1": taken by the sleeper itself.
-        conf = state_dir(PLAN_2X, {"exclusive": {"0": {"0": [sleeper.pid], "1": [sleeper.pid]}}}, {sleeper.pid: real})
-        for name in os.listdir(conf / "pools/exclusive/0/0"):
-            if name.startswith("task."):
-                os.rename(
-                    conf / "pools/exclusive/0/0" / name, conf / f"pools/exclusive/0/0/task.{sleeper.pid}.{real - 5}"
-                )
+        # "0": our marker of a process long gone whose PID the sleeper now has; "1": no marker.
+        # Nothing shows which process the sleeper is: a CMK isolate may have taken either list
+        # under that PID (CMK writes no marker), so both are kept while it runs.
+        conf = state_dir(PLAN_2X, {"exclusive": {"0": {"0": [sleeper.pid], "1": [sleeper.pid]}}})
+        (conf / f"pools/exclusive/0/0/task.{sleeper.pid}.{real - 5}").touch()
         (conf / "pools/exclusive/0/1/task.99999999.5").touch()  # an orphan: its PID is not in tasks
         res = run(cmk, "reconcile", f"--conf-dir={conf}")
         assert (res.returncode, json.loads(res.stdout)["reclaimedCpuLists"], res.stderr) == (0, [], "")
         assert tasks_of(conf) == {"0": [sleeper.pid], "1": [sleeper.pid]}
         assert not (conf / "pools/exclusive/0/1/task.99999999.5").exists()  # the orphan went
+        # Now "1" carries our marker with the sleeper's own start time: the sleeper is one of our
+        # isolates, which marks every list it takes, so the entry on "0" is an earlier process's.
+        (conf / f"pools/exclusive/0/1/task.{sleeper.pid}.{real}").touch()
+        res = run(cmk, "reconcile", f"--conf-dir={conf}")
+        assert (res.returncode, json.loads(res.stdout)["reclaimedCpuLists"], res.stderr) == (
+            0,
+            [{"cpus": "0", "pid": sleeper.pid, "pool": "exclusive"}],
+            "",
+        )
+        assert tasks_of(conf) == {"0": [], "1": [sleeper.pid]}
         sleeper.kill()
         sleeper.wait()
-        res = run(cmk, "reconcile", f"--conf-dir={conf}")  # dead now: freed, both lists
-        assert [r["cpus"] for r in json.loads(res.stdout)["reclaimedCpuLists"]] == ["0", "1"]
+        res = run(cmk, "reconcile", f"--conf-dir={conf}")  # dead now: freed
+        assert [r["cpus"] for r in json.loads(res.stdout)["reclaimedCpuLists"]] == ["1"]
         assert tasks_of(conf) == {"0": [], "1": []}
         assert os.listdir(conf / "pools/exclusive/0/1") == ["tasks"]
     finally:
