@@ -150,17 +150,8 @@ def isolate_shell(environ: dict[str, str] | os._Environ, conf: str) -> bool:
     raw = environ.get("CMK_ISOLATE_SHELL", "")
     where = "CMK_ISOLATE_SHELL"
     if not raw:
-        path = os.path.join(conf, st.AGENT_SETTINGS)
-        try:
-            with open(path, encoding="ascii") as handle:
-                for line in handle:
-                    key, eq, value = line.partition("=")
-                    if eq and key.strip() == "isolate_shell":
-                        raw, where = value.strip(), f"{path}: isolate_shell"
-        except FileNotFoundError:
-            return False
-        except (OSError, UnicodeDecodeError) as exc:
-            raise StateError(f"cannot read {path}: {exc}") from None
+        raw = st.read_agent_setting(conf, "isolate_shell")
+        where = f"{os.path.join(conf, st.AGENT_SETTINGS)}: isolate_shell"
     if not raw:
         return False
     value = _SWITCH.get(raw.strip().lower())
@@ -422,7 +413,7 @@ def cmd_isolate(opts: dict[str, str | bool], positional: list[str], environ: dic
     if isolate_shell(environ, conf):
         # CMK v1.4: Popen(" ".join([command] + args), shell=True); "$CMK_CPUS_ASSIGNED", ";" work again.
         positional = ["/bin/sh", "-c", " ".join(positional)]
-    pid, start = self_identity(proc_fs, "record or reclaim tasks")
+    pid, start = self_identity(proc_fs, "record or reclaim tasks", conf)
     signals = _Signals()
     chosen, pools = acquire(conf, pool_name, socket, environ, pid, start, proc_fs, timeout)
     status = EXIT_INTERNAL

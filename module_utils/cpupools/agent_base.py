@@ -48,13 +48,14 @@ def tasks_or_none(cl: st.CpuList) -> list[int] | None:
         return None
 
 
-def self_identity(proc_fs: str, doing: str) -> tuple[int, int]:
+def self_identity(proc_fs: str, doing: str, conf: str) -> tuple[int, int]:
     """Host PID and start time of this process, from ``<CMK_PROC_FS>/self/stat`` (CMK §4.1).
 
     Refused (usage error, 64) when that procfs cannot show the host's PIDs
     (``state.proc_view_problem``): a PID from a PID namespace of its own
     would be recorded wrongly, and holders it cannot see would look dead.
-    ``doing`` says what is refused, for the message.
+    ``doing`` says what is refused, for the message; ``conf`` holds the
+    node's PID namespace (``state.node_pid_ns``).
     """
     try:
         stat = st.read_proc_stat(proc_fs, "self")
@@ -62,7 +63,7 @@ def self_identity(proc_fs: str, doing: str) -> tuple[int, int]:
         stat = None
     if stat is None:
         raise UsageError(f"CMK_PROC_FS={proc_fs!r}: {proc_fs}/self/stat is not readable; mount the host /proc there")
-    problem = st.proc_view_problem(proc_fs, stat[0])
+    problem = st.proc_view_problem(proc_fs, stat[0], st.node_pid_ns(conf))
     if problem is not None:
         raise UsageError(f"refusing to {doing}: {problem}")
     return stat[0], stat[2]

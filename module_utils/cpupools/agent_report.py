@@ -51,7 +51,7 @@ def reconcile_pass(
     """
     import time
 
-    self_identity(proc_fs, "reclaim tasks")
+    self_identity(proc_fs, "reclaim tasks", conf)
     strays = [] if strays is None else strays
     try:
         pools = st.read_state(conf, strays=strays)

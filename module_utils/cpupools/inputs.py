@@ -440,6 +440,7 @@ INTERNAL = frozenset(
         "agent_build_output",
         "agent_build_src",
         "agent_conf_dest",
+        "agent_pid_ns",
         "cmk_retire_in_cluster",
         "cmk_retire_kubeconfig",
         "cmk_retire_node",

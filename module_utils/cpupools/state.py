@@ -251,16 +251,46 @@ def parse_nspid(status_text: str) -> list[int]:
     return []
 
 
-def proc_view_problem(proc_fs: str, pid: int) -> str | None:
+def read_agent_setting(conf: str, key: str) -> str:
+    """The value of ``key`` in ``<conf>/cpupools.agent`` (``key=value`` lines), "" when unset or no file."""
+    path = os.path.join(conf, AGENT_SETTINGS)
+    value = ""
+    try:
+        with open(path, encoding="ascii") as handle:
+            for line in handle:
+                name, eq, text = line.partition("=")
+                if eq and name.strip() == key:
+                    value = text.strip()
+    except FileNotFoundError:
+        return ""
+    except (OSError, UnicodeDecodeError) as exc:
+        raise StateError(f"cannot read {path}: {exc.strerror or type(exc).__name__}") from None
+    return value
+
+
+def node_pid_ns(conf: str) -> int | None:
+    """The inode of the node's PID namespace as the cpupools_agent role recorded it (``node_pid_ns``), or None.
+
+    On a real node it is the initial namespace; on a node that is itself a
+    container (kind, a molecule instance) it is that container's, in which
+    the reconcile timer and every holder's PID live.
+    """
+    raw = read_agent_setting(conf, "node_pid_ns")
+    return int(raw) if raw.isdigit() and len(raw) < 20 else None
+
+
+def proc_view_problem(proc_fs: str, pid: int, node_ns: int | None = None) -> str | None:
     """Why ``proc_fs`` cannot judge whether the state's tasks are alive, or None.
 
     ``pid`` is what the caller read as its own PID from ``<proc_fs>/self``.
-    The state holds host PIDs, so the procfs must show the host's PID
-    namespace and every process in it:
+    The state holds the node's PIDs, so the procfs must show the node's PID
+    namespace (the initial one, or ``node_ns`` when the node is itself a
+    container) and every process in it:
 
     * the caller in a PID namespace of its own whose procfs shows only that
-      namespace (``NSpid`` has one entry while the namespace is not the
-      initial one): its PID and its view of the others are not the host's;
+      namespace (``NSpid`` has one entry while the namespace is neither the
+      initial one nor the node's): its PID and its view of the others are
+      not the node's;
     * ``hidepid``: PID 1 (the host's init, owned by root) is not visible, so
       other users' holders would look dead.
     """
@@ -270,7 +300,7 @@ def proc_view_problem(proc_fs: str, pid: int) -> str | None:
         ns_ino = os.stat(f"{proc_fs}/self/ns/pid").st_ino
     except (OSError, ValueError):
         nspid, ns_ino = [], INIT_PID_NS_INO  # an old kernel or a fake procfs: nothing to compare
-    if len(nspid) == 1 and ns_ino != INIT_PID_NS_INO:
+    if len(nspid) == 1 and ns_ino not in (INIT_PID_NS_INO, node_ns):
         return (
             f"{proc_fs} shows only the PID namespace cmk runs in (its PID there is {pid}), not the host's: "
             "mount the host /proc and set CMK_PROC_FS to it"
