@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -124,3 +125,29 @@ def tree_snapshot(root: Path) -> dict[str, tuple[bytes, int, int]]:
         st_ = path.lstat()
         out[str(path.relative_to(root))] = (path.read_bytes() if path.is_file() else b"", st_.st_mtime_ns, st_.st_mode)
     return out
+
+
+def hold(cmk: str, conf: Path, pool: str = "exclusive", seconds: int = 120) -> subprocess.Popen:
+    """Start ``cmk isolate ... sleep SECONDS`` in a session of its own; return once it holds its list.
+
+    Waits for what tests assert on: the PID recorded in the pool, and the workload started.
+    """
+    proc = subprocess.Popen(
+        [cmk, "isolate", f"--conf-dir={conf}", f"--pool={pool}", "--", "sleep", str(seconds)],
+        env=agent_env(),
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 20
+    while not any(proc.pid in pids for pids in tasks_of(conf, pool).values()) or not workload(proc):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.02)
+    return proc
+
+
+def workload(proc: subprocess.Popen) -> int | None:
+    """PID of the isolate's child (its workload), once spawned."""
+    try:
+        kids = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    except FileNotFoundError:
+        return None
+    return int(kids[0]) if kids else None

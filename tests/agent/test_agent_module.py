@@ -9,11 +9,10 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from agent_support import PLAN_1X, PLAN_2X, agent_env, make_plan, tasks_of, tree_snapshot
+from agent_support import PLAN_1X, PLAN_2X, agent_env, hold, make_plan, tasks_of, tree_snapshot, workload
 
 pytestmark = pytest.mark.slow
 
@@ -40,31 +39,8 @@ def state_run(playbook, root, plan=None, *args, **extra):
     return res, res.result("Write the pool state") if res.data else None
 
 
-def hold(cmk, conf, pool="exclusive"):
-    """Start ``cmk isolate ... sleep 120`` and wait until it holds its list."""
-    proc = subprocess.Popen(
-        [cmk, "isolate", f"--conf-dir={conf}", f"--pool={pool}", "--", "sleep", "120"],
-        env=agent_env(),
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + 20
-    # Wait for what the tests assert on: the PID recorded, and the workload started.
-    while not any(proc.pid in pids for pids in tasks_of(conf, pool).values()) or not children(proc):
-        assert time.monotonic() < deadline and proc.poll() is None
-        time.sleep(0.02)
-    return proc
-
-
-def children(proc) -> list[str]:
-    """PIDs of the isolate's children (its workload, once spawned)."""
-    try:
-        return Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
-    except FileNotFoundError:
-        return []
-
-
 def child_affinity(proc) -> str:
-    child = children(proc)[0]
+    child = workload(proc)
     for line in Path(f"/proc/{child}/status").read_text().splitlines():
         if line.startswith("Cpus_allowed_list:"):
             return line.split()[1]

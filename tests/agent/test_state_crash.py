@@ -25,11 +25,20 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from agent_support import REPO, agent_env, killed_at, make_plan, tasks_of, traced_calls, write_plan_state
+from agent_support import (
+    REPO,
+    agent_env,
+    hold,
+    killed_at,
+    make_plan,
+    tasks_of,
+    traced_calls,
+    workload,
+    write_plan_state,
+)
 from cpupools import state as st
 from cpupools import state_writer as sw
 
@@ -72,27 +81,6 @@ def module(conf: Path, crash_at: int | None = None) -> subprocess.CompletedProce
     )
 
 
-def start_holder(cmk: str, conf: Path, pool: str) -> subprocess.Popen:
-    proc = subprocess.Popen(
-        [cmk, "isolate", f"--conf-dir={conf}", f"--pool={pool}", "--", "sleep", "600"],
-        env=agent_env(),
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + 20
-    while not any(proc.pid in pids for pids in tasks_of(conf, pool).values()) or not workload(proc):
-        assert time.monotonic() < deadline and proc.poll() is None
-        time.sleep(0.02)
-    return proc
-
-
-def workload(proc: subprocess.Popen) -> int | None:
-    try:
-        kids = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
-    except FileNotFoundError:
-        return None
-    return int(kids[0]) if kids else None
-
-
 def affinity(pid: int) -> list[int]:
     return sorted(os.sched_getaffinity(pid))
 
@@ -128,7 +116,7 @@ def entry_point(kind: str, cmk: str, conf: Path) -> None:
 def holders(tmp_path, cmk):
     conf = tmp_path / "cmk"
     write_plan_state(conf, OLD)
-    procs = [start_holder(cmk, conf, "exclusive"), start_holder(cmk, conf, "shared")]
+    procs = [hold(cmk, conf, "exclusive", 600), hold(cmk, conf, "shared", 600)]
     yield conf, procs
     for proc in procs:
         if proc.poll() is None:
