@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 from cpupools.cpulist import parse_cpulist
-from cpupools.report import COLOURS, PENDING_COLOUR, render_html
+from cpupools.report import COLOURS, PENDING_COLOUR
+from report_page import render_html
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = [
