@@ -17,7 +17,8 @@ Input: one dict per host (``analyse_host`` documents every key)::
      "k8s": {"enabled": bool,                      # cpupools_k8s_status, or None
              "advertised": {resource: n},
              "expected": {resource: n},
-             "skipped_reason": str}}
+             "skipped_reason": str},
+     "hugepages": [{"size": "1G", "count": 16, "numa_node": 0}, ...]}  # cpupools_hugepages, or None
 
 Every part but ``host`` is optional: an absent part (``None`` or missing) is
 shown as "not collected" and never counts as drift.
@@ -33,7 +34,12 @@ Drift is any difference between what is live on the node and its plan:
   not have;
 * k8s: an advertised extended resource differs from the expected count;
 * plan: the plan names CPUs that are not online any more (the topology moved
-  under the plan).
+  under the plan);
+* hugepages: a node holds another number of pages of a size than planned,
+  and the kernel status says no reboot is pending.
+
+The text is built here; the HTML page is a Jinja2 template (``render_page``)
+over ``page_model``, which holds every value the page shows.
 """
 
 from __future__ import annotations
@@ -761,6 +767,8 @@ def _planned_pages(planned: object) -> dict[tuple[str, int], int]:
             raise ReportError(f"expected a dict with size and count, got {item!r}", "hugepages")
         kb = _page_kb(item.get("size"), "size", "hugepages")
         count = _int(item.get("count"), f"count of {item.get('size')}", "hugepages")
+        if count < 0:
+            raise ReportError(f"count of {item.get('size')}: {count} is negative", "hugepages")
         node = item.get("numa_node")
         key = "all" if node is None or node == "" else str(_int(node, "numa_node", "hugepages"))
         out[(key, kb)] = out.get((key, kb), 0) + count

@@ -255,6 +255,10 @@ def test_hugepages_given_as_text_with_e_mean_the_same(host_input):
             "host h: cpupools_hugepages: count of 1G: 'many' is not a number",
         ),
         (
+            lambda e: e.update(hugepages=[{"size": "2M", "count": "-4", "numa_node": 0}]),
+            "host h: cpupools_hugepages: count of 2M: -4 is negative",
+        ),
+        (
             lambda e: e.update(hugepages="[{size: 1G"),
             "host h: cpupools_hugepages: '[{size: 1G' is not a list of hugepage reservations",
         ),
