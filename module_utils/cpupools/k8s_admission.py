@@ -48,7 +48,7 @@ from .k8s import (
     check_qualified_name,
     is_subset,
 )
-from .k8s_apply import FIELD_MANAGER, Api, failure
+from .k8s_apply import FIELD_MANAGER, Api, ApiStatus
 
 GROUP = "admissionregistration.k8s.io"
 #: The versions that serve MutatingAdmissionPolicy with the schema we send, best first.
@@ -99,6 +99,25 @@ def check_options(exclusive_resource: object, eni_resource: object, opt_in: obje
             f"{failure_policy!r} is not a failure policy; use one of {', '.join(FAILURE_POLICIES)}",
             "k8s_admission_failure_policy",
         )
+
+
+RBAC = (
+    f"the credentials need: {POLICY_PLURAL} and {BINDING_PLURAL} ({GROUP}) get/create/update/delete, "
+    "nodes list; see docs/kubernetes.md"
+)
+
+
+def failure(code: int, body: object, method: str, path: str, api: Api) -> ApiStatus:
+    """One sentence for an error status of the cluster-wide requests, naming the server."""
+    detail = body.get("message") if isinstance(body, Mapping) else ""
+    where = f"API server {api.server}"
+    if code == 401:
+        text = f"{where}: the credentials were rejected (401 Unauthorized); check the kubeconfig's user"
+    elif code == 403:
+        text = f"{where}: {method} {path} is forbidden (403): {detail or 'no reason given'}; {RBAC}"
+    else:
+        text = f"{where}: {method} {path} failed with {code}" + (f": {detail}" if detail else "")
+    return ApiStatus(text, code)
 
 
 # The CEL -------------------------------------------------------------------
@@ -244,7 +263,7 @@ def server_version(api: Api) -> str:
     if code == 200 and isinstance(body, Mapping) and body.get("gitVersion"):
         return str(body["gitVersion"])
     if code in (401, 403):
-        raise failure(code, body, "GET", "/version", api.node, api.server)
+        raise failure(code, body, "GET", "/version", api)
     return "unknown"
 
 
@@ -254,7 +273,7 @@ def served_version(api: Api) -> str | None:
     if code == 404:
         return None
     if code != 200:
-        raise failure(code, group, "GET", f"/apis/{GROUP}", api.node, api.server)
+        raise failure(code, group, "GET", f"/apis/{GROUP}", api)
     offered = {v.get("version") for v in (group or {}).get("versions") or [] if isinstance(v, Mapping)}
     for version in VERSIONS:
         if version not in offered:
@@ -263,7 +282,7 @@ def served_version(api: Api) -> str | None:
         if code == 404:
             continue
         if code != 200:
-            raise failure(code, listing, "GET", f"/apis/{GROUP}/{version}", api.node, api.server)
+            raise failure(code, listing, "GET", f"/apis/{GROUP}/{version}", api)
         names = {r.get("name") for r in (listing or {}).get("resources") or [] if isinstance(r, Mapping)}
         if {POLICY_PLURAL, BINDING_PLURAL} <= names:
             return version
@@ -310,10 +329,10 @@ def ensure_object(api: Api, version: str, plural: str, want: dict, check_mode: b
             if code in (200, 201):
                 return "created", None
             if code != 409:
-                raise failure(code, body, "POST", _path(version, plural), api.node, api.server)
+                raise failure(code, body, "POST", _path(version, plural), api)
             continue
         if code != 200:
-            raise failure(code, current, "GET", path, api.node, api.server)
+            raise failure(code, current, "GET", path, api)
         if _same(want, current):
             return "unchanged", current
         if check_mode:
@@ -324,8 +343,12 @@ def ensure_object(api: Api, version: str, plural: str, want: dict, check_mode: b
         if code == 200:
             return "updated", current
         if code != 409:
-            raise failure(code, body, "PUT", path, api.node, api.server)
-    raise api.conflict_error(f"the {plural} object {name!r}")
+            raise failure(code, body, "PUT", path, api)
+    raise ApiStatus(
+        f"API server {api.server}: the {plural} object {name!r} kept changing under us; "
+        f"gave up after {api.attempts} conflicting writes",
+        409,
+    )
 
 
 def remove_object(api: Api, version: str, plural: str, check_mode: bool) -> tuple[str, dict | None]:
@@ -335,16 +358,20 @@ def remove_object(api: Api, version: str, plural: str, check_mode: bool) -> tupl
     if code == 404:
         return "absent", None
     if code != 200:
-        raise failure(code, current, "GET", path, api.node, api.server)
+        raise failure(code, current, "GET", path, api)
     if not check_mode:
-        api.call("DELETE", path, ok=(200, 202, 404))
+        code, body = api.raw("DELETE", path)
+        if code not in (200, 202, 404):
+            raise failure(code, body, "DELETE", path, api)
     return "deleted", current
 
 
 def nodes_still_labelled(api: Api, label: str, departing: list[str]) -> list[str]:
     """Nodes that carry the cpupools node label and are not being uninstalled by this run."""
     query = {"labelSelector": f"{label}=true"}
-    body = api.call("GET", "/api/v1/nodes", query=query)
+    code, body = api.raw("GET", "/api/v1/nodes", query=query)
+    if code != 200:
+        raise failure(code, body, "GET", "/api/v1/nodes", api)
     names = sorted(str(n["metadata"]["name"]) for n in body.get("items") or [])
     gone = set(departing)
     return [n for n in names if n not in gone]
