@@ -51,7 +51,9 @@ options:
     choices: [Fail, Ignore]
     default: Fail
   node_label:
-    description: The cpupools node label; O(state=absent) keeps the policy while other nodes carry it.
+    description:
+      - The cpupools node label; O(state=absent) keeps the policy while Nodes not in O(departing) carry it.
+      - Empty removes the policy regardless.
     type: str
     default: cmk.intel.com/cmk-node
   departing:

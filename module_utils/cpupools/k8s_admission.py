@@ -398,7 +398,8 @@ def ensure_admission(
 
     ``absent`` keeps both while Nodes other than ``departing`` (the nodes this
     run uninstalls) still carry ``node_label``: uninstalling some nodes must
-    not take the injection away from the workloads of the others.
+    not take the injection away from the workloads of the others. An empty
+    ``node_label`` removes them regardless (the operator turned the policy off).
     """
     if state == "present":
         check_options(exclusive_resource, eni_resource, opt_in, failure_policy)
@@ -430,7 +431,7 @@ def ensure_admission(
         before_policy = policy if result["policy"] == "unchanged" else before_policy
         before_binding = binding if result["binding"] == "unchanged" else before_binding
     else:
-        remaining = nodes_still_labelled(api, node_label, departing or [])
+        remaining = nodes_still_labelled(api, node_label, departing or []) if node_label else []
         if remaining:
             result["policy"] = result["binding"] = "kept"
             result["kept_for"] = remaining
