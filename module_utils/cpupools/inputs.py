@@ -259,6 +259,16 @@ def to_label_key(raw: object, field: str) -> str:
     return text
 
 
+#: Kubernetes spells these exactly so, and the role passes the value on as given.
+FAILURE_POLICIES = ("Fail", "Ignore")
+
+
+def _failure_policy(raw: object, field: str) -> str:
+    if isinstance(raw, str) and raw in FAILURE_POLICIES:
+        return raw
+    raise InputError(f"{show(raw)} is not one of {', '.join(FAILURE_POLICIES)} (spelt exactly so)", field)
+
+
 def to_serial(raw: object, field: str) -> int | str:
     if isinstance(raw, str) and _SERIAL_RE.match(raw.strip()):
         percent = int(raw.strip()[:-1])
@@ -420,7 +430,7 @@ SPEC: dict[str, Var] = {
     "k8s_drain_delete_unmanaged": _var("k8s", to_bool, False, "bool"),
     "k8s_admission": _var("k8s", to_bool, True, "bool"),
     "k8s_admission_opt_in": _var("k8s", to_label_key, "cmk.intel.com/mutate"),
-    "k8s_admission_failure_policy": _var("k8s", _choice(("Fail", "Ignore")), "Fail", choices=("Fail", "Ignore")),
+    "k8s_admission_failure_policy": _var("k8s", _failure_policy, "Fail", choices=FAILURE_POLICIES),
     # cpupools_cmk_retire
     "cmk_retire_namespaces": _var("cmk_retire", _namespaces, ["default", "intel-cmk"], "list"),
     # cpupools_report
