@@ -172,7 +172,7 @@ def _num_cores(resources: tuple[str, ...]) -> str:
             cases.append(
                 (
                     f"(has(c.resources) && has(c.resources.{kind}) && {lit} in c.resources.{kind})",
-                    f"[Object.spec.containers.env{{name: 'CMK_NUM_CORES', value: c.resources.{kind}[{lit}]}}]",
+                    f"[Object.spec.containers.env{{name: 'CMK_NUM_CORES', value: string(c.resources.{kind}[{lit}])}}]",
                 )
             )
     text = "[]"

@@ -189,3 +189,9 @@ def test_the_adapter_refuses_what_the_server_would_refuse():
     }
     with pytest.raises(PolicyError, match="not idempotent"):
         admit(flapping, pod(container(), tolerations=[]))
+
+
+def test_cmk_num_cores_is_text_even_if_the_quantity_is_typed_as_int_or_string(policy):
+    """An env value must be a string; the expression converts whatever type the schema gives the quantity."""
+    after = admit(policy, pod(container(requests={EXCL: 2})))
+    assert {"name": "CMK_NUM_CORES", "value": "2"} in after["spec"]["containers"][0]["env"]
