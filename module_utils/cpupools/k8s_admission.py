@@ -33,7 +33,6 @@ through a ``k8s_apply.Api``.
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Mapping
 from urllib.parse import quote
 
@@ -81,8 +80,8 @@ FALLBACK = (
 
 
 def _cel(text: str) -> str:
-    """A CEL string literal (JSON's escapes are CEL's for the characters we use)."""
-    return json.dumps(text)
+    """A single-quoted CEL string literal (every literal of the policy is quoted so)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _cel_list(items: tuple[str, ...] | list[str]) -> str:

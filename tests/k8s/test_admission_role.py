@@ -90,7 +90,7 @@ def test_values_from_e_mean_the_same_and_false_removes_the_policy(playbook, fake
     )
     assert res.rc == 0 and res.result(TASK, "node-1")["policy"] == "updated"
     spec = fake.admission[POLICIES]["spec"]
-    assert spec["failurePolicy"] == "Ignore" and '"example.com/inject"' in spec["matchConditions"][0]["expression"]
+    assert spec["failurePolicy"] == "Ignore" and "'example.com/inject'" in spec["matchConditions"][0]["expression"]
     off = playbook(ROLE_PLAY, extra, "-e", "cpupools_k8s_admission=false", inventory=inventory)
     assert off.rc == 0 and off.result(TASK, "node-1")["policy"] == "deleted"
     assert fake.admission == {}
