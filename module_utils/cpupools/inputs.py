@@ -250,6 +250,25 @@ def to_resource(raw: object, field: str) -> str:
     return text
 
 
+def to_label_key(raw: object, field: str) -> str:
+    """A label (or annotation) key with a domain prefix: ``example.com/name``."""
+    text = to_str(raw, field)
+    prefix, slash, short = text.rpartition("/")
+    if not slash or not _DNS_SUBDOMAIN_RE.match(prefix) or not _NAME_RE.match(short):
+        raise InputError(f"{show(raw)} is not a Kubernetes label name with a domain (like example.com/inject)", field)
+    return text
+
+
+#: Kubernetes spells these exactly so, and the role passes the value on as given.
+FAILURE_POLICIES = ("Fail", "Ignore")
+
+
+def _failure_policy(raw: object, field: str) -> str:
+    if isinstance(raw, str) and raw in FAILURE_POLICIES:
+        return raw
+    raise InputError(f"{show(raw)} is not one of {', '.join(FAILURE_POLICIES)} (spelt exactly so)", field)
+
+
 def to_serial(raw: object, field: str) -> int | str:
     if isinstance(raw, str) and _SERIAL_RE.match(raw.strip()):
         percent = int(raw.strip()[:-1])
@@ -409,6 +428,9 @@ SPEC: dict[str, Var] = {
     "k8s_drain_timeout": _var("k8s", _int(1, 86400), 300, "int"),
     "k8s_drain_poll_interval": _var("k8s", to_number, 2, "float"),
     "k8s_drain_delete_unmanaged": _var("k8s", to_bool, False, "bool"),
+    "k8s_admission": _var("k8s", to_bool, True, "bool"),
+    "k8s_admission_opt_in": _var("k8s", to_label_key, "cmk.intel.com/mutate"),
+    "k8s_admission_failure_policy": _var("k8s", _failure_policy, "Fail", choices=FAILURE_POLICIES),
     # cpupools_cmk_retire
     "cmk_retire_namespaces": _var("cmk_retire", _namespaces, ["default", "intel-cmk"], "list"),
     # cpupools_report
@@ -459,6 +481,9 @@ INTERNAL = frozenset(
         "k8s_node_result",
         "k8s_skip_reason",
         "k8s_applied",
+        "k8s_admission_result",
+        "k8s_admission_publisher",
+        "k8s_admission_departing",
         "report_input",
         "report_result",
         "kernel_cpuaffinity_path",
