@@ -312,3 +312,26 @@ def test_a_foreign_nri_group_label_is_left_alone_by_cmk_and_absent(playbook, fak
     res = run_ok(playbook, PLAY, {"args": {"node_name": "node-1", "state": "absent", "kubeconfig": str(kubeconfig)}})
     assert res.changed() == 0 and fake.writes() == []
     assert fake.nodes["node-1"]["metadata"]["labels"][NRI_GROUP_LABEL] == theirs
+
+
+ROLE_PLAY = """
+- hosts: all
+  gather_facts: false
+  roles:
+    - role: cpupools_k8s
+"""
+
+
+def test_role_publishes_for_a_runtime_given_with_e_then_changes_nothing(playbook, fake, kubeconfig, make_plan):
+    plan = make_plan()
+    extra = {"cpupools_plan": plan, "cpupools_k8s_kubeconfig": str(kubeconfig), "cpupools_k8s_node_name": "node-1"}
+    cli = ("-e", "cpupools_runtime=cpu-pooler", "-e", "cpupools_pooler_ht_policy=singleThreaded")
+    first = run_ok(playbook, ROLE_PLAY, extra, *cli)
+    assert first.changed() == 2, first.stdout  # the node object, and the runtime
+    want = render(plan, "cpu-pooler", "singleThreaded")
+    assert fake.resources[CM]["data"] == {want["key"]: want["file"]}
+    assert run_ok(playbook, ROLE_PLAY, extra, *cli).changed() == 0
+    # Back to cmk: the role removes what the cpu-pooler run left.
+    back = run_ok(playbook, ROLE_PLAY, extra)
+    assert back.changed() == 1 and CM not in fake.resources
+    assert POOLER_LABEL not in fake.nodes["node-1"]["metadata"]["labels"]
