@@ -37,6 +37,8 @@ options:
     description:
       - Every C(cpupools_*) variable of the host, by full name (see
         module_utils/cpupools/inputs.py for the spec of each).
+      - With O(topology) too, a plan that C(cpupools_runtime) cannot express (docs/runtimes.md)
+        is refused, naming the variable to change.
     type: dict
   num_exclusive_cores:
     description:
