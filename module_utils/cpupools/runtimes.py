@@ -367,17 +367,19 @@ def _ensure_pooler_file(api: Any, namespace: str, key: str, text: str | None, ch
             return "deleted" if text is None else ("updated" if key in (current.get("data") or {}) else "created")
         labels = (current.get("metadata") or {}).get("labels") or {}
         if not data and all(labels.get(k) == v for k, v in MANAGED_BY.items()):
+            method = "DELETE"
             code, answer = api.raw(
                 "DELETE", path, {"preconditions": {"resourceVersion": current["metadata"]["resourceVersion"]}}
             )
             if code in (200, 202, 404):
                 return "deleted"
         else:
-            code, answer = api.raw("PUT", path, dict(current, data=data), query=FIELD_MANAGER)
+            method = "PUT"
+            code, answer = api.raw(method, path, dict(current, data=data), query=FIELD_MANAGER)
             if code == 200:
                 return "deleted" if text is None else ("updated" if key in (current.get("data") or {}) else "created")
         if code != 409:
-            raise failure(code, answer, "PUT", path, api.node, api.server)
+            raise failure(code, answer, method, path, api.node, api.server)
     raise api.conflict_error(f"the ConfigMap {namespace}/{POOLER_CONFIGMAP}")
 
 

@@ -335,3 +335,16 @@ def test_role_publishes_for_a_runtime_given_with_e_then_changes_nothing(playbook
     back = run_ok(playbook, ROLE_PLAY, extra)
     assert back.changed() == 1 and CM not in fake.resources
     assert POOLER_LABEL not in fake.nodes["node-1"]["metadata"]["labels"]
+
+
+def test_a_failed_publish_leaves_the_node_unlabelled_and_a_rerun_finishes(playbook, fake, kubeconfig, make_plan):
+    """The label comes after the file: a runtime never sees a label whose file is missing."""
+    fake.fail("POST", r"/api/v1/namespaces/kube-system/configmaps$", 500, "etcd timeout")
+    failed = playbook(PLAY, args(kubeconfig, make_plan(), runtime="cpu-pooler"))
+    assert failed.rc != 0 and "Traceback" not in failed.stdout + failed.stderr
+    msg = failed.messages()
+    assert "failed with 500: etcd timeout" in msg and "/configmaps" in msg
+    assert POOLER_LABEL not in fake.nodes["node-1"]["metadata"]["labels"] and CM not in fake.resources
+    done = run_ok(playbook, PLAY, args(kubeconfig, make_plan(), runtime="cpu-pooler"))
+    assert done.changed() == 1 and CM in fake.resources
+    assert POOLER_LABEL in fake.nodes["node-1"]["metadata"]["labels"]
