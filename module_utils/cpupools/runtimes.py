@@ -506,7 +506,7 @@ def ensure_runtime(
         if ours and current != value:
             leaving.append((label, current))
     outcome = {"changed": False, "before": {}, "after": {}}
-    if wanted_labels:
+    if any(labels.get(key) != value for key, value in wanted_labels.items()):  # the node read above is current
         wants = NodeWants(labels=wanted_labels, taint_key=None, taint=None, resources={})
         outcome = ensure_node(api, wants, check_mode)
     retired: list[str] = []
