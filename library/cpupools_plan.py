@@ -37,6 +37,8 @@ options:
     description:
       - Every C(cpupools_*) variable of the host, by full name (see
         module_utils/cpupools/inputs.py for the spec of each).
+      - With O(topology) too, a plan that C(cpupools_runtime) cannot express (docs/runtimes.md)
+        is refused, naming the variable to change.
     type: dict
   num_exclusive_cores:
     description:
@@ -178,6 +180,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.cpupools.errors import CpupoolsError
 from ansible.module_utils.cpupools.inputs import PLAN_KEYS, check_group, check_root, unknown_variables, validate_inputs
 from ansible.module_utils.cpupools.plan import make_request, plan_pools
+from ansible.module_utils.cpupools.runtimes import check_runtime, core_numbers
 from ansible.module_utils.cpupools.topology import Topology
 
 ARGUMENT_SPEC = {
@@ -220,6 +223,10 @@ def main():
             result["inputs"] = checked.values
         if topology is not None:
             plan = plan_pools(topology, request)
+            if "inputs" in result:  # what the chosen runtime cannot express is refused here, before any stage
+                values = result["inputs"]
+                cores = core_numbers([list(core.cpus) for core in topology.cores])
+                check_runtime(plan, cores, values["runtime"], values["pooler_ht_policy"])
             result["plan"] = plan
             warnings += plan["warnings"]
     except CpupoolsError as exc:

@@ -1324,6 +1324,9 @@ class FakeKube:
                     409, f'{resource} "{name}" already exists', "AlreadyExists", {"name": name, "kind": plural}
                 )
             fields = {k: v for k, v in body.items() if k not in ("apiVersion", "kind", "metadata")}
+            kept = {k: v for k, v in body["metadata"].items() if k in ("labels", "annotations")}
+            if kept:
+                fields["metadata"] = kept
             return 201, copy.deepcopy(self.add_resource(api, plural, name, ns, kind=kind, **fields))
         current = self.resources.get((api, plural, ns, name))
         if current is None:
@@ -1331,10 +1334,21 @@ class FakeKube:
         if method == "GET":
             return 200, copy.deepcopy(current)
         if method == "DELETE":
+            wanted = ((body or {}).get("preconditions") or {}).get("resourceVersion")
+            if wanted and wanted != current["metadata"]["resourceVersion"]:
+                raise self._conflict(resource, name)
             del self.resources[(api, plural, ns, name)]
             self._rv += 1
             return 200, status_body(200, "", "", {"name": name, "kind": plural})
-        raise ApiError(405, "only get and delete are served on single objects of this collection in this fake")
+        if method == "PUT":  # a replace: same kind and name, guarded by the resourceVersion it carries
+            if not isinstance(body, dict) or body.get("kind") != kind or body.get("metadata", {}).get("name") != name:
+                raise ApiError(400, f"the body must be a {kind} named {name}")
+            self._precondition(current, body, resource, name)
+            new = copy.deepcopy(body)
+            new["apiVersion"] = api
+            new["metadata"].update({k: current["metadata"][k] for k in SYSTEM_META if k in current["metadata"]})
+            return self._store(self.resources, (api, plural, ns, name), current, new)
+        raise ApiError(405, "only get, replace and delete are served on single objects of this collection in this fake")
 
     def _builtin(self, method, query, ctype, body, api, namespace, plural, name):
         entry = BUILTIN.get((api, plural))

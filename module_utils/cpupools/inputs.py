@@ -33,6 +33,9 @@ MODES = ("packed", "spread")
 SOURCES = ("generate", "adopt")
 ISOLATABLE_POOLS = ("exclusive", "shared")
 STATES = ("present", "absent")
+#: How exclusive CPUs reach workloads (docs/runtimes.md, module_utils/cpupools/runtimes.py).
+RUNTIMES = ("cmk", "kubelet", "cpu-pooler", "nri-topology-aware", "nri-balloons")
+HT_POLICIES = ("multiThreaded", "singleThreaded")
 #: Counts of cores and seconds are bounded so that no typed number means
 #: "more than any machine has"; the plan then says what the host can fit.
 MAX_COUNT = 1_000_000
@@ -431,6 +434,10 @@ SPEC: dict[str, Var] = {
     "k8s_admission": _var("k8s", to_bool, True, "bool"),
     "k8s_admission_opt_in": _var("k8s", to_label_key, "cmk.intel.com/mutate"),
     "k8s_admission_failure_policy": _var("k8s", _failure_policy, "Fail", choices=FAILURE_POLICIES),
+    # runtimes other than cmk (module_utils/cpupools/runtimes.py, docs/runtimes.md)
+    "runtime": _var("k8s", _choice(RUNTIMES), "cmk", choices=RUNTIMES),
+    "pooler_ht_policy": _var("k8s", _choice(HT_POLICIES), "multiThreaded", choices=HT_POLICIES),
+    "runtime_namespace": _var("k8s", _str(False, _NAMESPACE_RE, "a Kubernetes namespace name"), "kube-system"),
     # cpupools_cmk_retire
     "cmk_retire_namespaces": _var("cmk_retire", _namespaces, ["default", "intel-cmk"], "list"),
     # cpupools_report
@@ -484,6 +491,7 @@ INTERNAL = frozenset(
         "k8s_admission_result",
         "k8s_admission_publisher",
         "k8s_admission_departing",
+        "k8s_runtime_result",
         "report_input",
         "report_result",
         "kernel_cpuaffinity_path",
