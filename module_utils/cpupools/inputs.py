@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from .cpulist import ISOLCPUS_FLAGS, parse_cpulist
 from .errors import CpulistError, PlanError
+from .kubelet import RUNTIMES, TOPOLOGY_POLICIES, TOPOLOGY_SCOPES, to_policy_options
 
 PREFIX = "cpupools_"
 MODES = ("packed", "spread")
@@ -46,6 +47,7 @@ _DNS_SUBDOMAIN_RE = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[
 _NAME_RE = re.compile(r"^(?=.{1,63}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _LABEL_VALUE_RE = re.compile(r"^((?=.{1,63}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 _NAMESPACE_RE = re.compile(r"^(?=.{1,63}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_UNIT_RE = re.compile(r"^[A-Za-z0-9@_.:-]{1,200}$")
 _SERIAL_RE = re.compile(r"^[0-9]{1,3}%$")
 
 
@@ -322,7 +324,7 @@ def _task_group(raw: object, field: str) -> str:
 #: roles' ``defaults/main.yml`` (a test compares them).
 SPEC: dict[str, Var] = {
     # cpupools_plan
-    "root": _var("plan agent kernel", _path(), "/", "path"),
+    "root": _var("plan agent kernel kubelet", _path(), "/", "path"),
     "facts_root": _var("plan kernel", _path(), "/", "path", derived=True),
     "num_exclusive_cores": _var("plan", to_count, 4, "int"),
     "num_shared_cores": _var("plan", to_count, 1, "int"),
@@ -378,7 +380,20 @@ SPEC: dict[str, Var] = {
         "reservedSystemCPUs",
         choices=("reservedSystemCPUs", "systemReserved"),
     ),
-    "kubelet_config_dir": _var("kernel", _path(), "/etc/kubernetes/kubelet.conf.d"),
+    "kubelet_config_dir": _var("kernel kubelet", _path(), "/etc/kubernetes/kubelet.conf.d"),
+    # How exclusive CPUs reach workloads (docs/kubelet.md); the kubelet runtime's knobs
+    "runtime": _var("plan agent kernel k8s kubelet", _choice(RUNTIMES), "cmk", choices=RUNTIMES),
+    "kubelet_policy_options": _var("kernel kubelet", to_policy_options, "auto", "raw"),
+    "kubelet_topology_policy": _var(
+        "kernel kubelet", _choice(TOPOLOGY_POLICIES), "best-effort", choices=TOPOLOGY_POLICIES
+    ),
+    "kubelet_topology_scope": _var("kernel kubelet", _choice(TOPOLOGY_SCOPES), "container", choices=TOPOLOGY_SCOPES),
+    "kubelet_state_file": _var("kernel kubelet", _path(), "/var/lib/kubelet/cpu_manager_state", "path"),
+    "kubelet_service": _var(
+        "kubelet", _str(False, re.compile(r"^[A-Za-z0-9@_.:-]{1,200}$"), "a systemd unit name"), "kubelet"
+    ),
+    "kubelet_restart_timeout": _var("kubelet", _int(1, 3600), 120, "int"),
+    "kubelet_simulate_command": _var("kubelet", to_argv, [], "list"),
     # cpupools_agent
     "conf_dir": _var("agent", _path(), "/etc/cmk", "path"),
     "agent_path": _var("agent", _path(), "/opt/bin/cmk", "path"),
@@ -465,6 +480,9 @@ INTERNAL = frozenset(
         "kernel_irqbalance_path",
         "kernel_kubelet_file",
         "kernel_kubelet_path",
+        "kernel_kubelet_result",
+        "kubelet_restart_required",
+        "kubelet_restart_reason",
         "kernel_templates",
         "plan_inputs",
     }
