@@ -105,9 +105,9 @@ options:
     type: int
     default: 120
   header:
-    description: Comment lines put first in the drop-in (the role passes C(ansible_managed)).
+    description: Comment lines put first in the drop-in.
     type: str
-    default: ""
+    default: "# Ansible managed by cpupools: edits here are overwritten (docs/kubelet.md)."
   host:
     description: Name of the host, used in error messages.
     type: str
@@ -191,7 +191,7 @@ ARGUMENT_SPEC = {
     "content": {"type": "str"},
     "config": {"type": "dict"},
     "timeout": {"type": "int", "default": 120},
-    "header": {"type": "str", "default": ""},
+    "header": {"type": "str", "default": kubelet.HEADER},
     "host": {"type": "str"},
 }
 

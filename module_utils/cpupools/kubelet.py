@@ -48,6 +48,7 @@ RESERVATIONS = ("reservedSystemCPUs", "systemReserved")
 STATE_FILE = "/var/lib/kubelet/cpu_manager_state"
 RECORD_FILE = "/var/lib/cpupools/kubelet-cpu-manager.json"
 DROPIN_FILE = "50-cpupools.conf"
+HEADER = "# Ansible managed by cpupools: edits here are overwritten (docs/kubelet.md)."
 #: The fields whose change needs the drain / stop / remove state / start sequence.
 RESTART_FIELDS = (
     "cpuManagerPolicy",
@@ -200,7 +201,7 @@ def _quote(value: str) -> str:
     return json.dumps(value)
 
 
-def render_dropin(config: Mapping[str, object], runtime: str, header: str = "") -> str:
+def render_dropin(config: Mapping[str, object], runtime: str, header: str = HEADER) -> str:
     """The drop-in text: YAML with a fixed key order and quoted strings; the same bytes for the same config."""
     lines = [header.rstrip("\n")] if header else []
     if runtime == "kubelet":

@@ -155,9 +155,9 @@ def test_policy_options_refusals_through_the_one_input_check():
 
 def test_the_drop_in_is_the_same_bytes_for_the_same_config(corpus_root):
     _, config = derive(corpus_root, "2s8c-2numa")
-    text = kubelet.render_dropin(config, "kubelet", "#\n# Ansible managed\n#")
-    assert text == kubelet.render_dropin(dict(config), "kubelet", "#\n# Ansible managed\n#")
-    assert text.startswith("#\n# Ansible managed\n#\n# kubelet configuration drop-in")
+    text = kubelet.render_dropin(config, "kubelet")
+    assert text == kubelet.render_dropin(dict(config), "kubelet")
+    assert text.startswith("# Ansible managed by cpupools: edits here are overwritten (docs/kubelet.md).\n# kubelet")
     body = text[text.index("apiVersion") :]
     assert body == (
         "apiVersion: kubelet.config.k8s.io/v1beta1\n"
