@@ -89,6 +89,7 @@ def inventory(tmp_path: Path, kube: FakeKube, roots: dict[str, Path], broken: st
         "    cpupools_num_exclusive_cores: -1",
         "    cpupools_num_shared_cores: 0",
         "    cpupools_kubelet_restart_timeout: 30",
+        f"    cpupools_report_html: {tmp_path / 'report.html'}",
     ]
     path = tmp_path / "hosts.yml"
     path.write_text("\n".join(lines) + "\n")
@@ -165,11 +166,13 @@ def test_kubelet_runtime_end_to_end_with_the_reboot(playbook, tmp_path, cluster,
         if "Drain, restart the kubelet" in t["task"]["name"] and any(not h.get("skipped") for h in t["hosts"].values())
     ]
 
-    # Nothing is pending any more: neither stage nor the rollout changes anything.
+    # Nothing is pending any more: neither stage nor the rollout changes anything on the nodes (the
+    # report on the controller now shows the applied kernel and kubelet, so it is rewritten once).
     settled = snapshots(nodes)
     for pb in (REPO / "site.yml", REPO / "playbooks/reboot.yml"):
         res = playbook(pb, None, inventory=inv)
-        assert res.rc == 0 and [res.changed(node) for node in NODES] == [0, 0], changed_tasks(res)
+        assert res.rc == 0, res.messages()
+        assert [name for name in changed_tasks(res) if "fleet report" not in name] == []
     assert snapshots(nodes) == settled
 
     # A change of a kubelet knob alone (no reboot pending): drained and restarted on its own.
