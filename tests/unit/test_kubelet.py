@@ -229,3 +229,60 @@ def test_waiting_for_the_state_file_gives_up_after_the_timeout(tmp_path):
     assert kubelet.wait_for_state(str(path), 10, clock=lambda: next(ticks), sleep=sleep) == state("static")
     assert len(waited) == 3
     assert kubelet.wait_for_state(str(tmp_path / "never"), 2, clock=lambda: next(ticks), sleep=lambda s: None) is None
+
+
+def node_at(root, check=False):
+    from cpupools.bootloader import Host
+
+    host = Host(str(root), lambda *a, **k: (0, "", ""), check_mode=check, wrapper=[])
+    return kubelet.Node(host, "/etc/kubernetes/kubelet.conf.d/50-cpupools.conf")
+
+
+CONFIG = {**STATIC, "topologyManagerPolicy": "best-effort", "topologyManagerScope": "container"}
+
+
+def test_configure_writes_where_no_kubelet_ran_and_then_changes_nothing(tmp_path):
+    first = kubelet.configure(node_at(tmp_path), CONFIG, "kubelet", kubelet.HEADER)
+    assert first["changed"] and first["restart_required"] is False
+    dropin = tmp_path / "etc/kubernetes/kubelet.conf.d/50-cpupools.conf"
+    assert dropin.read_text() == first["content"]
+    record = json.loads((tmp_path / "var/lib/cpupools/kubelet-cpu-manager.json").read_text())
+    assert record == {"applied": kubelet.restart_subset(CONFIG)}
+    mtime = dropin.stat().st_mtime_ns
+    second = kubelet.configure(node_at(tmp_path), CONFIG, "kubelet", kubelet.HEADER)
+    assert second["changed"] is False and second["actions"] == []
+    assert dropin.stat().st_mtime_ns == mtime
+
+
+def test_a_running_kubelet_leaves_the_change_pending_until_the_stopped_apply(tmp_path):
+    state_file = tmp_path / "var/lib/kubelet/cpu_manager_state"
+    state_file.parent.mkdir(parents=True)
+    state_file.write_text(state("none", ""))
+    # Check mode and a real run agree: nothing is written under a running kubelet.
+    for check in (True, False):
+        result = kubelet.configure(node_at(tmp_path, check), CONFIG, "kubelet", kubelet.HEADER)
+        assert (result["changed"], result["restart_required"]) == (False, True)
+    assert not (tmp_path / "etc").exists()
+    predicted = kubelet.apply_stopped(node_at(tmp_path, check=True), result["content"])
+    assert predicted["actions"] == [
+        "write /etc/kubernetes/kubelet.conf.d/50-cpupools.conf",
+        "remove /var/lib/kubelet/cpu_manager_state",
+    ]
+    assert state_file.exists()
+    kubelet.apply_stopped(node_at(tmp_path), result["content"])
+    assert not state_file.exists()
+    # The kubelet starts and writes its fresh state; verify records what it runs with.
+    state_file.write_text(state("static", "0-15"))
+    done = kubelet.verify_started(node_at(tmp_path), CONFIG, set(range(16)), 1)
+    assert done["kubelet_policy"] == "static" and done["changed"]
+    after = kubelet.configure(node_at(tmp_path), CONFIG, "kubelet", kubelet.HEADER)
+    assert (after["changed"], after["restart_required"]) == (False, False)
+
+
+def test_verify_fails_with_one_line_when_the_kubelet_never_writes_its_state(tmp_path):
+    with pytest.raises(PlanError) as err:
+        kubelet.verify_started(node_at(tmp_path), CONFIG, set(range(16)), 0.2, interval=0.05)
+    assert str(err.value) == (
+        "the kubelet did not write /var/lib/kubelet/cpu_manager_state within 0.2 seconds of its start. "
+        "The node stays cordoned and the rollout stops here."
+    )
