@@ -9,9 +9,13 @@ Kubernetes fake (tests/k8s_fake.py); reboots to tests/fixtures/fake_boot.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -260,3 +264,44 @@ def test_what_cannot_work_is_refused_before_anything_is_written(playbook, tmp_pa
     assert message in res.messages(), res.messages()
     assert snapshots(nodes) == before
     assert not cluster.writes()
+
+
+def test_switching_a_cmk_node_to_the_kubelet_removes_the_agent_and_waits_for_its_workloads(playbook, tmp_path):
+    sandbox = tmp_path / "sandbox"
+    local = str(REPO / "inventories/local/hosts.yml")
+    extra = {"cpupools_root": str(sandbox), "cpupools_report_html": str(tmp_path / "report.html")}
+    kubelet = {**extra, "cpupools_runtime": "kubelet", "cpupools_isolcpus_flags": ["managed_irq"]}
+    assert playbook(REPO / "site.yml", extra, inventory=local).rc == 0
+    conf = sandbox / "etc/cmk"
+    cmk = str(sandbox / "opt/bin/cmk")
+    argv = [cmk, "isolate", f"--conf-dir={conf}", "--pool=exclusive", "--no-affinity", "sleep", "60"]
+    holder = subprocess.Popen(argv, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 20
+        while str(holder.pid) not in "".join(p.read_text() for p in (conf / "pools/exclusive").rglob("tasks")):
+            assert time.monotonic() < deadline, "cmk isolate never recorded its PID"
+            time.sleep(0.05)
+        before = tree_snapshot(sandbox)
+        refused = playbook(REPO / "site.yml", kubelet, inventory=local)
+        assert refused.rc != 0
+        assert (
+            "host localhost: cpupools_state: refusing to remove the pool state while tasks are live: "
+            f"PID {holder.pid}" in refused.messages()
+        )
+        assert tree_snapshot(sandbox) == before
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait()
+    switched = playbook(REPO / "site.yml", kubelet, inventory=local)
+    assert switched.rc == 0, switched.messages()
+    root = sandbox
+    assert not (root / "opt/bin/cmk").exists() and not (root / "etc/cmk").exists()
+    # No kubelet has run in the sandbox: the drop-in is written at once, nothing waits for a restart.
+    assert switched.result(WRITE)["restart_required"] is False
+    assert 'cpuManagerPolicy: "static"' in (root / DROPIN).read_text()
+    settled = tree_snapshot(root)
+    again = playbook(REPO / "site.yml", kubelet, inventory=local)
+    assert again.rc == 0
+    assert [name for name in changed_tasks(again) if "fleet report" not in name] == []
+    assert tree_snapshot(root) == settled
