@@ -179,6 +179,7 @@ inputs:
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.cpupools.errors import CpupoolsError
 from ansible.module_utils.cpupools.inputs import PLAN_KEYS, check_group, check_root, unknown_variables, validate_inputs
+from ansible.module_utils.cpupools.kubelet import check_plan as check_kubelet
 from ansible.module_utils.cpupools.plan import make_request, plan_pools
 from ansible.module_utils.cpupools.runtimes import check_runtime, core_numbers
 from ansible.module_utils.cpupools.topology import Topology
@@ -229,6 +230,9 @@ def main():
                 check_runtime(plan, cores, values["runtime"], values["pooler_ht_policy"])
             result["plan"] = plan
             warnings += plan["warnings"]
+            if "inputs" in result:
+                # What the kubelet runtime would refuse, refused here before any stage writes.
+                check_kubelet(plan, topology, result["inputs"])
     except CpupoolsError as exc:
         module.fail_json(msg=exc.describe(params["host"]))
     for warning in warnings:

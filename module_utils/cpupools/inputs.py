@@ -27,14 +27,13 @@ from dataclasses import dataclass
 
 from .cpulist import ISOLCPUS_FLAGS, parse_cpulist
 from .errors import CpulistError, PlanError
+from .kubelet import RUNTIMES, TOPOLOGY_POLICIES, TOPOLOGY_SCOPES, to_policy_options
 
 PREFIX = "cpupools_"
 MODES = ("packed", "spread")
 SOURCES = ("generate", "adopt")
 ISOLATABLE_POOLS = ("exclusive", "shared")
 STATES = ("present", "absent")
-#: How exclusive CPUs reach workloads (docs/runtimes.md, module_utils/cpupools/runtimes.py).
-RUNTIMES = ("cmk", "kubelet", "cpu-pooler", "nri-topology-aware", "nri-balloons")
 HT_POLICIES = ("multiThreaded", "singleThreaded")
 #: Counts of cores and seconds are bounded so that no typed number means
 #: "more than any machine has"; the plan then says what the host can fit.
@@ -49,6 +48,7 @@ _DNS_SUBDOMAIN_RE = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[
 _NAME_RE = re.compile(r"^(?=.{1,63}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _LABEL_VALUE_RE = re.compile(r"^((?=.{1,63}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 _NAMESPACE_RE = re.compile(r"^(?=.{1,63}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_UNIT_RE = re.compile(r"^[A-Za-z0-9@_.:-]{1,200}$")
 _SERIAL_RE = re.compile(r"^[0-9]{1,3}%$")
 
 
@@ -344,7 +344,7 @@ def _task_group(raw: object, field: str) -> str:
 #: roles' ``defaults/main.yml`` (a test compares them).
 SPEC: dict[str, Var] = {
     # cpupools_plan
-    "root": _var("plan agent kernel", _path(), "/", "path"),
+    "root": _var("plan agent kernel kubelet", _path(), "/", "path"),
     "facts_root": _var("plan kernel", _path(), "/", "path", derived=True),
     "num_exclusive_cores": _var("plan", to_count, 4, "int"),
     "num_shared_cores": _var("plan", to_count, 1, "int"),
@@ -400,7 +400,20 @@ SPEC: dict[str, Var] = {
         "reservedSystemCPUs",
         choices=("reservedSystemCPUs", "systemReserved"),
     ),
-    "kubelet_config_dir": _var("kernel", _path(), "/etc/kubernetes/kubelet.conf.d"),
+    "kubelet_config_dir": _var("kernel kubelet", _path(), "/etc/kubernetes/kubelet.conf.d"),
+    # How exclusive CPUs reach workloads (docs/kubelet.md); the kubelet runtime's knobs
+    "runtime": _var("plan agent kernel k8s kubelet", _choice(RUNTIMES), "cmk", choices=RUNTIMES),
+    "kubelet_policy_options": _var("kernel kubelet", to_policy_options, "auto", "raw"),
+    "kubelet_topology_policy": _var(
+        "kernel kubelet", _choice(TOPOLOGY_POLICIES), "best-effort", choices=TOPOLOGY_POLICIES
+    ),
+    "kubelet_topology_scope": _var("kernel kubelet", _choice(TOPOLOGY_SCOPES), "container", choices=TOPOLOGY_SCOPES),
+    "kubelet_state_file": _var("kernel kubelet", _path(), "/var/lib/kubelet/cpu_manager_state", "path"),
+    "kubelet_service": _var(
+        "kubelet", _str(False, re.compile(r"^[A-Za-z0-9@_.:-]{1,200}$"), "a systemd unit name"), "kubelet"
+    ),
+    "kubelet_restart_timeout": _var("kubelet", _int(1, 3600), 120, "int"),
+    "kubelet_simulate_command": _var("kubelet", to_argv, [], "list"),
     # cpupools_agent
     "conf_dir": _var("agent", _path(), "/etc/cmk", "path"),
     "agent_path": _var("agent", _path(), "/opt/bin/cmk", "path"),
@@ -435,7 +448,6 @@ SPEC: dict[str, Var] = {
     "k8s_admission_opt_in": _var("k8s", to_label_key, "cmk.intel.com/mutate"),
     "k8s_admission_failure_policy": _var("k8s", _failure_policy, "Fail", choices=FAILURE_POLICIES),
     # runtimes other than cmk (module_utils/cpupools/runtimes.py, docs/runtimes.md)
-    "runtime": _var("k8s", _choice(RUNTIMES), "cmk", choices=RUNTIMES),
     "pooler_ht_policy": _var("k8s", _choice(HT_POLICIES), "multiThreaded", choices=HT_POLICIES),
     "runtime_namespace": _var("k8s", _str(False, _NAMESPACE_RE, "a Kubernetes namespace name"), "kube-system"),
     # cpupools_cmk_retire
@@ -498,6 +510,9 @@ INTERNAL = frozenset(
         "kernel_irqbalance_path",
         "kernel_kubelet_file",
         "kernel_kubelet_path",
+        "kernel_kubelet_result",
+        "kubelet_restart_required",
+        "kubelet_restart_reason",
         "kernel_templates",
         "plan_inputs",
     }

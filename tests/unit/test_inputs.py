@@ -115,6 +115,7 @@ def as_cli_text(value: object) -> str:
         and not isinstance(v.default, dict)
         and k != "command_wrapper"
         and k != "reboot_simulate_command"
+        and k != "kubelet_simulate_command"
     ),
 )
 def test_a_default_given_as_text_means_the_same(key):
