@@ -331,9 +331,11 @@ def test_role_publishes_for_a_runtime_given_with_e_then_changes_nothing(playbook
     want = render(plan, "cpu-pooler", "singleThreaded")
     assert fake.resources[CM]["data"] == {want["key"]: want["file"]}
     assert run_ok(playbook, ROLE_PLAY, extra, *cli).changed() == 0
-    # Back to cmk: the role removes what the cpu-pooler run left.
+    # Back to cmk: the node gets the cmk label, taint and resources back (a
+    # non-cmk runtime removes them), and the role removes what the cpu-pooler run left.
     back = run_ok(playbook, ROLE_PLAY, extra)
-    assert back.changed() == 1 and CM not in fake.resources
+    assert back.changed() == 2 and CM not in fake.resources
+    assert fake.nodes["node-1"]["metadata"]["labels"].get("cmk.intel.com/cmk-node") == "true"
     assert POOLER_LABEL not in fake.nodes["node-1"]["metadata"]["labels"]
 
 
