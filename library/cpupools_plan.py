@@ -168,6 +168,13 @@ plan:
     request:
       description: The normalised inputs.
       type: dict
+    hugepages:
+      description: >-
+        Only with O(inputs): the hugepages of C(cpupools_hugepages) checked against the node
+        (C(requested), C(boot) the kernel command line reservation, C(runtime) the sysfs
+        files the cpupools-hugepages unit writes, C(planned) node or C(any) to size to pages,
+        C(memory) node to C(asked_kb) and C(available_kb)). See docs/hugepages.md.
+      type: dict
 inputs:
   description: Every public cpupools variable, normalised (without the C(cpupools_) prefix); only with O(inputs).
   returned: when inputs is given
@@ -176,6 +183,7 @@ inputs:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.cpupools.errors import CpupoolsError
+from ansible.module_utils.cpupools.hugepages import plan_hugepages
 from ansible.module_utils.cpupools.inputs import PLAN_KEYS, check_group, check_root, unknown_variables, validate_inputs
 from ansible.module_utils.cpupools.plan import make_request, plan_pools
 from ansible.module_utils.cpupools.topology import Topology
@@ -220,6 +228,14 @@ def main():
             result["inputs"] = checked.values
         if topology is not None:
             plan = plan_pools(topology, request)
+            if "inputs" in result:
+                values = result["inputs"]
+                plan["hugepages"] = plan_hugepages(
+                    values["hugepages"],
+                    params["topology"],
+                    values["hugepages_keep_free_mb"],
+                    values["hugepages_default_size"],
+                )
             result["plan"] = plan
             warnings += plan["warnings"]
     except CpupoolsError as exc:
