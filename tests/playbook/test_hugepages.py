@@ -197,11 +197,20 @@ def test_the_units_script_writes_every_count_and_fails_loudly_on_one_it_cannot(t
         ),
         (["-e", "cpupools_hugepages=16M:4"], "host localhost: cpupools_hugepages: size 16M is not a page size"),
         (["-e", "cpupools_hugepages=2M:4:7"], "host localhost: cpupools_hugepages: size 2M: NUMA node 7 does not"),
+        (
+            ["-e", "cpupools_hugepages=1G:4", "-e", "grub_cmdline=hugepagesz=2M hugepages=512"],
+            "host localhost: cpupools_hugepages: /etc/default/grub sets hugepagesz=2M, and the plan needs "
+            "hugepagesz=1G. cpupools never edits that file: remove hugepagesz= from it (and give those pages in "
+            "cpupools_hugepages). Nothing was written",
+        ),
     ],
-    ids=["memory-short", "unknown-size", "no-such-node"],
+    ids=["memory-short", "unknown-size", "no-such-node", "operators-own-pair"],
 )
 def test_refused_in_the_plan_play_with_the_numbers_before_anything_is_written(tmp_path, args, message):
     inventory, sandbox, _ = setup(tmp_path, "cpupools_hugepages_keep_free_mb: 2048\n")
+    if "-e" in args and args[-1].startswith("grub_cmdline="):
+        (sandbox / "etc/default/grub").write_text(f'GRUB_CMDLINE_LINUX="{args[-1].split("=", 1)[1]}"\n')
+        args = args[:-2]
     before = tree_snapshot(sandbox)
     res = run(tmp_path, inventory, "hugepages.yml", *args)
     assert res.rc != 0
