@@ -101,7 +101,7 @@ def test_bad_entries_are_refused_on_one_line(raw, message):
 
 def test_default_size_is_checked_as_a_size():
     assert validate_inputs({"cpupools_hugepages_default_size": "1GB"}).values["hugepages_default_size"] == "1G"
-    with pytest.raises(PlanError, match="^size 'huge' is not a page size") as exc:
+    with pytest.raises(PlanError, match=r"^size 'huge' is not a page size") as exc:
         validate_inputs({"cpupools_hugepages_default_size": "huge"})
     assert exc.value.field == "hugepages_default_size"
 
