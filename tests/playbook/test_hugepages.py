@@ -40,8 +40,8 @@ UNINSTALL = """
   ansible.builtin.import_playbook: {repo}/playbooks/uninstall.yml
 """
 DROPIN = "etc/default/grub.d/99-cpupools.cfg"
-CONF = "etc/cpupools/hugepages.conf"
-SCRIPT = "usr/local/libexec/cpupools-hugepages"
+CONF = "etc/cpupools-hugepages.conf"
+SCRIPT = "usr/local/sbin/cpupools-hugepages"
 UNIT = "etc/systemd/system/cpupools-hugepages.service"
 NODE_FILE = "/sys/devices/system/node/node{}/hugepages/hugepages-2048kB/nr_hugepages"
 GROUP_VARS = """\
@@ -120,7 +120,7 @@ def test_check_then_converge_then_nothing_changes(tmp_path):
         f"256 {NODE_FILE.format(1)}",
     ]
     unit = (sandbox / UNIT).read_text()
-    assert "ExecStart=/usr/local/libexec/cpupools-hugepages /etc/cpupools/hugepages.conf" in unit
+    assert "ExecStart=/usr/local/sbin/cpupools-hugepages /etc/cpupools-hugepages.conf" in unit
     assert "WantedBy=sysinit.target" in unit
     assert (sandbox / SCRIPT).stat().st_mode & 0o777 == 0o755
     # What the report reads: facts per node and size, MemTotal, planned pages.
