@@ -170,6 +170,13 @@ plan:
     request:
       description: The normalised inputs.
       type: dict
+    hugepages:
+      description: >-
+        Only with O(inputs): the hugepages of C(cpupools_hugepages) checked against the node
+        (C(requested), C(boot) the kernel command line reservation, C(runtime) the sysfs
+        files the cpupools-hugepages unit writes, C(planned) node or C(any) to size to pages,
+        C(memory) node to C(asked_kb) and C(available_kb)). See docs/hugepages.md.
+      type: dict
 inputs:
   description: Every public cpupools variable, normalised (without the C(cpupools_) prefix); only with O(inputs).
   returned: when inputs is given
@@ -178,6 +185,7 @@ inputs:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.cpupools.errors import CpupoolsError
+from ansible.module_utils.cpupools.hugepages import plan_hugepages
 from ansible.module_utils.cpupools.inputs import PLAN_KEYS, check_group, check_root, unknown_variables, validate_inputs
 from ansible.module_utils.cpupools.kubelet import check_plan as check_kubelet
 from ansible.module_utils.cpupools.plan import make_request, plan_pools
@@ -228,6 +236,12 @@ def main():
                 values = result["inputs"]
                 cores = core_numbers([list(core.cpus) for core in topology.cores])
                 check_runtime(plan, cores, values["runtime"], values["pooler_ht_policy"])
+                plan["hugepages"] = plan_hugepages(
+                    values["hugepages"],
+                    params["topology"],
+                    values["hugepages_keep_free_mb"],
+                    values["hugepages_default_size"],
+                )
             result["plan"] = plan
             warnings += plan["warnings"]
             if "inputs" in result:

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 from .cpulist import ISOLCPUS_FLAGS, parse_cpulist
 from .errors import CpulistError, PlanError
+from .hugepages import parse_entries as to_hugepages
+from .hugepages import parse_size, size_label
 from .kubelet import RUNTIMES, TOPOLOGY_POLICIES, TOPOLOGY_SCOPES, to_policy_options
 
 PREFIX = "cpupools_"
@@ -325,6 +327,12 @@ def _shebang(raw: object, field: str) -> str:
     return text
 
 
+def _page_size(raw: object, field: str) -> str:
+    """A hugepage size (``1G``, ``2M``) or ``""`` for the kernel's own default."""
+    text = to_str(raw, field, allow_empty=True)
+    return size_label(parse_size(text, field)) if text else ""
+
+
 def _namespaces(raw: object, field: str) -> list[str]:
     names = [to_str(item, field) for item in to_list(raw, field)]
     for name in names:
@@ -363,6 +371,9 @@ SPEC: dict[str, Var] = {
     ),
     "isolate_cpu0": _var("plan", to_bool, False, "bool"),
     "plan_check_stages": _var("plan", to_bool, True, "bool"),
+    "hugepages": _var("plan", to_hugepages, [], "raw"),
+    "hugepages_default_size": _var("plan", _page_size, ""),
+    "hugepages_keep_free_mb": _var("plan", _int(0, 1 << 30), 1024, "int"),
     # shared by the node roles
     "state": _var("agent kernel k8s", _choice(STATES), "present", choices=STATES),
     # cpupools_kernel
@@ -515,6 +526,14 @@ INTERNAL = frozenset(
         "kubelet_restart_reason",
         "kernel_templates",
         "plan_inputs",
+        "kernel_hugepages_conf",
+        "kernel_hugepages_script",
+        "kernel_hugepages_unit",
+        "kernel_hugepages_files",
+        "kernel_hugepages_service",
+        "kernel_hugepages_predicted",
+        "kernel_hugepages_runtime",
+        "kernel_hugepages_started",
     }
 )
 
