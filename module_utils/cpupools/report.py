@@ -50,7 +50,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .cpulist import format_cpulist, parse_cpulist
-from .errors import CpupoolsError, ReportError
+from .errors import CpupoolsError, PlanError, ReportError
+from .hugepages import parse_size, size_label
 from .plan import ENI, EXCLUSIVE, EXCLUSIVE_POOLS, INFRA, POOL_ORDER, SHARED
 from .topology import Topology
 
@@ -731,25 +732,16 @@ def _l3_rows(view: HostView, topo: Topology, cpu_pool: Mapping[int, str], l3_of:
         )
 
 
-_PAGE_UNITS = {"": 1, "K": 1, "M": 1024, "G": 1024 * 1024}
-
-
 def _page_kb(value: object, what: str, field_name: str | None) -> int:
-    """A hugepage size (``1G``, ``2M``, ``2048kB``, ``hugepages-2048kB``, bare kB) in kB."""
-    text = str(value).strip().upper().removeprefix("HUGEPAGES-").removesuffix("B").replace(" ", "")
-    digits = text.rstrip("KMG")
-    unit = text[len(digits) :]
-    if isinstance(value, bool) or not digits.isdigit() or unit not in _PAGE_UNITS or int(digits) == 0:
+    """A hugepage size (``1G``, ``2M``, ``2048kB``, sysfs' ``hugepages-2048kB``, bare kB) in kB."""
+    text = f"{value}kB" if isinstance(value, int) and not isinstance(value, bool) else value
+    if isinstance(text, str):
+        text = text.strip().removeprefix("hugepages-")
+    try:
+        return parse_size(text)
+    except PlanError:
         message = f"{what}: {value!r} is not a hugepage size (1G, 2M, 2048kB)"
-        raise ReportError(message, field_name) if field_name else _facts_error(message)
-    return int(digits) * _PAGE_UNITS[unit]
-
-
-def _page_label(kb: int) -> str:
-    for unit in ("G", "M"):
-        if kb % _PAGE_UNITS[unit] == 0:
-            return f"{kb // _PAGE_UNITS[unit]}{unit}"
-    return f"{kb}K"
+        raise ReportError(message, field_name) if field_name else _facts_error(message) from None
 
 
 def _planned_pages(planned: object) -> dict[tuple[str, int], int]:
@@ -802,7 +794,7 @@ def _hugepages(view: HostView, planned: object, present: object) -> None:
     have = _present_pages(present) if present is not None else {}
     keys = set(want) | {k for k, (total, _) in have.items() if total}
     for node, kb in sorted(keys, key=lambda k: (k[0] == "all", int(k[0]) if k[0] != "all" else 0, k[1])):
-        size = _page_label(kb)
+        size = size_label(kb)
         count = want.get((node, kb))
         if node == "all":
             found = [v for (n, k), v in have.items() if k == kb]

@@ -117,14 +117,26 @@ def test_page_renders_with_the_controllers_python_whatever_the_inventory_names(p
     assert 'id="host-localhost"' in (tmp_path / "out" / "report.html").read_text()
 
 
-def test_hugepages_from_the_inventory_or_e_reach_the_report(playbook, extra, tmp_path):
+def test_the_plans_hugepages_reach_the_report(playbook, extra, tmp_path):
+    """The report reads the reservations the plan checked (``cpupools_plan.hugepages.requested``).
+
+    The plan role parses ``cpupools_hugepages`` from YAML or from ``-e`` text
+    (tests/unit/test_hugepages.py); the report never reads the raw variable.
+    """
     extra = dict(extra, facts=dict(extra["facts"], hugepages={"0": {"1G": {"total": 4, "free": 4}}}))
-    as_yaml = playbook(PLAYBOOK, dict(extra, cpupools_hugepages=[{"size": "1G", "count": 4, "numa_node": 0}]))
-    assert as_yaml.rc == 0, as_yaml.stdout
-    lines = as_yaml.result("cpupools_report : Print the fleet report")["msg"]
+    requested = [{"size": "1G", "count": 4, "numa_node": 0}]
+    as_planned = playbook(PLAYBOOK, dict(extra, plan=dict(extra["plan"], hugepages={"requested": requested})))
+    assert as_planned.rc == 0, as_planned.stdout
+    lines = as_planned.result("cpupools_report : Print the fleet report")["msg"]
     assert "  hugepages       NUMA node 0 1G: planned 4, total 4, free 4; ok" in lines
-    # From -e key=value the value is text: it must mean the same.
-    as_text = playbook(PLAYBOOK, extra, "-e", 'cpupools_hugepages=[{"size":"1G","count":6,"numa_node":0}]')
-    assert as_text.rc == 0, as_text.stdout
-    lines = as_text.result("cpupools_report : Print the fleet report")["msg"]
+    # The raw variable, even with another count, is not what the report shows.
+    more = [{"size": "1G", "count": 6, "numa_node": 0}]
+    raw = playbook(
+        PLAYBOOK,
+        dict(extra, plan=dict(extra["plan"], hugepages={"requested": more})),
+        "-e",
+        "cpupools_hugepages=1G:2:0",
+    )
+    assert raw.rc == 0, raw.stdout
+    lines = raw.result("cpupools_report : Print the fleet report")["msg"]
     assert "  hugepages       NUMA node 0 1G: planned 6, total 4, free 4; pending reboot" in lines
