@@ -210,8 +210,8 @@ def choose_local(
     (``fewest_groups``), and on each the fewest L3 domains. Returns the chosen
     items in the order of ``items``.
     """
-    if count >= len(items):
-        return list(items)
+    if count >= len(items) or count == 1:
+        return list(items[:count])
     nodes: dict[Hashable, list[T]] = {}
     for item in items:
         nodes.setdefault(node_of(item), []).append(item)
