@@ -398,11 +398,8 @@ def acquire(
             count = num_cores(environ)
             candidates = st.ordered_for_handout(pool, st.read_handout_order(conf, pool_name), socket)
             # Only where sysfs places every list: a state of CPUs this host does not show is handed out as planned.
-            local = (
-                count > 1
-                and locality_wanted(environ)
-                and all(where.node(cl.cpu_ids[0]) is not None for cl in candidates)
-            )
+            wanted = locality_wanted(environ)  # checked for every exclusive isolate, as CMK_NUM_CORES is
+            local = count > 1 and wanted and all(where.node(cl.cpu_ids[0]) is not None for cl in candidates)
             if numa_node is not None:
                 on_node = [cl for cl in candidates if where.node(cl.cpu_ids[0]) == numa_node]
                 if not on_node:
