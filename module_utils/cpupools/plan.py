@@ -4,7 +4,9 @@ Two ways to decide which cores are isolated:
 
 * ``generate`` (default): the plan decides. Infra cores (housekeeping) are
   taken first, then ``exclusive-non-isolcpus`` (given as CPU ids), then the
-  exclusive and shared pools in ``packed`` or ``spread`` order; every core
+  exclusive and shared pools in ``packed`` or ``spread`` order (over
+  sockets, then the NUMA nodes of a socket; on each node the cores that
+  touch the fewest L3 domains); every core
   left over joins infra, so the pools cover every online CPU. The isolated
   CPUs are those of ``isolated_pools`` (exclusive and shared by default).
 * ``adopt``: a node whose ``isolcpus`` was set by hand (a CMK node being
