@@ -421,7 +421,6 @@ def acquire(
                     f"{len(free)} free of {len(candidates)}"
                 )
             if local:
-                where.read_l3(*(cl.cpu_ids[0] for cl in free))
                 chosen = choose_local(
                     free, count, lambda cl: where.node(cl.cpu_ids[0]), lambda cl: where.l3(cl.cpu_ids[0])
                 )

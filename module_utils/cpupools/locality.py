@@ -122,7 +122,7 @@ def read_l3(root: str, cpu: int) -> tuple[str | None, str | None]:
             level = read_text(os.path.join(path, "level"))
         if level is None or level.strip() != "3":
             continue
-        if (read_text(os.path.join(path, "type")) or "Unified").strip() == "Instruction":
+        if name != "index3" and (read_text(os.path.join(path, "type")) or "").strip() == "Instruction":
             continue
         return read_text(os.path.join(path, "shared_cpu_list")), read_text(os.path.join(path, "id"))
     return None, None
@@ -215,15 +215,20 @@ def choose_local(
     nodes: dict[Hashable, list[T]] = {}
     for item in items:
         nodes.setdefault(node_of(item), []).append(item)
-    best: tuple[int, int] | None = None
+    best: int | None = None
     chosen: list[T] = []
+    # Nodes in the order of their first item, so the first node whose pick
+    # fits one L3 domain wins outright: ``l3_of`` (which may read sysfs) is
+    # asked about the other nodes only when it does not.
     for members in nodes.values():
         if len(members) < count:
             continue
         pick = fewest_groups(members, l3_of, count)
-        cost = (groups_touched(pick, l3_of), items.index(members[0]))
+        cost = groups_touched(pick, l3_of)
         if best is None or cost < best:
             best, chosen = cost, pick
+        if best == 1:
+            break
     if best is None:
         per_node: dict[Hashable, int] = {}
         for item in fewest_groups(items, node_of, count):
