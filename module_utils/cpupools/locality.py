@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 
 from .cpulist import parse_cpulist
-from .errors import TopologyError
+from .errors import CpupoolsError, TopologyError
 
 # ``typing`` and ``collections.abc`` cost ``cmk isolate`` milliseconds at start-up: annotations only.
 TYPE_CHECKING = False
@@ -245,7 +245,10 @@ class CpuLocality:
     node; an L3 is read once per domain, for the CPUs asked about only.
     Without ``node/`` in sysfs (a kernel without NUMA) every CPU is on node
     0, as in the facts; with it, a CPU no ``nodeN/cpulist`` names is on no
-    known node (``None``), and ``cmk isolate`` does not guess for it.
+    known node (``None``), and ``cmk isolate`` does not guess for it. A sysfs
+    file that cannot be read or parsed makes what it would have told unknown
+    too: locality is a preference, and a workload must still start (the
+    facts module, which reads the same files, reports the error).
     """
 
     def __init__(self, root: str = "/") -> None:
@@ -256,7 +259,10 @@ class CpuLocality:
 
     def node(self, cpu: int) -> int | None:
         if self._nodes is None:
-            self._nodes = node_of_cpus(read_node_cpus(self.root))
+            try:
+                self._nodes = node_of_cpus(read_node_cpus(self.root))
+            except CpupoolsError:
+                self._nodes = {-1: -1}  # not empty: every CPU on no known node
         if not self._nodes:
             return 0
         return self._nodes.get(cpu)
@@ -269,6 +275,11 @@ class CpuLocality:
     def read_l3(self, *cpus: int) -> None:
         """Look up the L3 domains of ``cpus`` (one domain read covers all of its CPUs)."""
         todo = [c for c in cpus if c not in self._asked and c not in self._l3]
-        if todo:
-            self._l3.update(l3_of_cpus(self.root, todo))
-            self._asked.update(todo)
+        for cpu in todo:
+            if cpu in self._l3:  # read with the domain of an earlier one
+                continue
+            try:  # noqa: SIM105 - contextlib costs cmk isolate ~1 ms of start-up
+                self._l3.update(l3_of_cpus(self.root, [cpu]))
+            except CpupoolsError:  # this domain stays unknown; the others are still read
+                pass
+            self._asked.add(cpu)

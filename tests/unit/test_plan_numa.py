@@ -210,3 +210,17 @@ def test_no_l3_information_keeps_the_first_free_cores(corpus_root):
     # and spread over its 4 nodes (4 cores each): n0 (1), n2 (9), n1 (4), n3 (12)
     plan = plan_for(corpus_root["2s8c-2numa"], num_exclusive_cores=4, exclusive_mode="spread", num_shared_cores=0)
     assert plan["handout_order"]["exclusive"] == ["1,17", "9,25", "4,20", "12,28"]
+
+
+def test_isolate_locality_treats_unreadable_sysfs_as_unknown(make_root):
+    # What cmk isolate reads: a garbled node or cache file makes that answer
+    # unknown (the hand-out order decides), never an error that stops a workload.
+    from cpupools.locality import CpuLocality
+
+    root = make_root("1s32c-nps4-noid")
+    where = CpuLocality(str(root))
+    assert (where.node(9), where.l3(9), where.l3(3)) == (1, 8, 0)
+    (root / "sys/devices/system/node/node1/cpulist").write_text("garbage\n")
+    (root / "sys/devices/system/cpu/cpu3/cache/index3/shared_cpu_list").write_text("zz\n")
+    where = CpuLocality(str(root))
+    assert (where.node(3), where.node(9), where.l3(3), where.l3(9)) == (None, None, None, 8)
