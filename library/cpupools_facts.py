@@ -20,6 +20,10 @@ description:
   - Hugepages per NUMA node and size (C(nr_hugepages), C(free_hugepages) under
     C(<root>/sys/devices/system/node/node*/hugepages) and
     C(<root>/sys/kernel/mm/hugepages)) and each NUMA node's MemTotal.
+  - Below the socket, each CPU's last-level (L3) cache domain, from the
+    C(cache/index*) directory whose C(level) is 3 (its C(shared_cpu_list),
+    and its C(id), or the lowest CPU sharing it where the kernel has no
+    C(id)); and the NUMA distance table from C(node/node*/distance).
   - Never changes anything.
 version_added: "0.1.0"
 options:
@@ -71,7 +75,8 @@ ansible_facts:
             One entry per online CPU, ascending: C(id), C(socket), C(die),
             C(numa_node), C(core_id) (sysfs), C(core) (logical index, as
             C(lscpu -p) numbers cores), C(siblings) (cpulist),
-            C(base_frequency_khz) (null when not reported).
+            C(base_frequency_khz) (null when not reported), C(l3) (L3 cache
+            domain id, null where sysfs shows no level-3 cache).
           type: list
           elements: dict
         online:
@@ -92,6 +97,19 @@ ansible_facts:
         numa_nodes:
           description: NUMA node id (string) to its online CPUs.
           type: dict
+        numa_distances:
+          description: >-
+            NUMA node id (string) to its row of the distance table (one
+            number per node, ascending node id; 10 is local). Empty without
+            C(node/node*/distance).
+          type: dict
+          sample: {"0": [10, 32], "1": [32, 10]}
+        l3_domains:
+          description: >-
+            L3 cache domain id (string) to its online CPUs (compressed
+            cpulist). Empty where sysfs shows no level-3 cache.
+          type: dict
+          sample: {"0": "0-7,64-71", "1": "8-15,72-79"}
         cores:
           description: Number of physical cores online.
           type: int

@@ -51,7 +51,12 @@ options:
     type: raw
     default: 1
   exclusive_mode:
-    description: C(packed) fills socket by socket; C(spread) balances across sockets.
+    description:
+      - C(packed) fills NUMA node after node, socket by socket; C(spread) balances
+        across sockets and, within each socket, across its NUMA nodes.
+      - On each node the pool takes the cores that touch the fewest L3 cache
+        domains (whole domains, a partly used one before a whole one).
+      - In adopt mode (O(isolcpus_source=adopt)) the order is CMK's, by socket only.
     type: str
     default: packed
   shared_mode:
