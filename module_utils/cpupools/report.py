@@ -350,6 +350,7 @@ def analyse_host(entry: Mapping) -> HostView:
     plan = _mapping(entry.get("plan"), "plan")
     topo = None
     if facts:
+        _l3_of(facts, None), _distances(facts)  # their own one-line messages, before the model's
         try:
             topo = Topology.from_facts(facts)
         except CpupoolsError as exc:
@@ -574,7 +575,7 @@ def _fact_int(value: object, what: str) -> int:
         raise _facts_error(f"{what}: {value!r} is not a number") from None
 
 
-def _l3_of(facts: Mapping, topo: Topology) -> dict[int, int]:
+def _l3_of(facts: Mapping, topo: Topology | None) -> dict[int, int]:
     """Online CPU -> its L3 domain id; empty when the facts do not say (older facts).
 
     Per-CPU ``l3`` wins; ``l3_domains`` (id -> cpulist) fills CPUs without one.
@@ -596,7 +597,7 @@ def _l3_of(facts: Mapping, topo: Topology) -> dict[int, int]:
                 raise _facts_error(str(exc)) from None
             for cpu in members:
                 out.setdefault(cpu, l3)
-    return {cpu: l3 for cpu, l3 in out.items() if cpu in topo.cpus}
+    return out if topo is None else {cpu: l3 for cpu, l3 in out.items() if cpu in topo.cpus}
 
 
 def _distances(facts: Mapping) -> dict[int, str]:

@@ -93,9 +93,13 @@ def test_l3_table_lists_every_domain_with_its_node_and_pools(nps4):
     ]
     view = analyse_host(nps4)
     pool_cpus = nps4["plan"]["pool_cpus"]
-    assert pool_cpus["exclusive"] == "1-12,65-76"  # the fixture's plan: exclusive cores 1-12 (L3 0 and 1)
-    assert view.l3[0].pools == "exclusive 7, infra 1"  # core 0 is infra, cores 1-7 exclusive
-    assert view.l3[1].pools == "exclusive 5, shared 3"
+    # The fixture's plan, packed: node 0 (cores 0-15, L3 0 = 0-7, L3 1 = 8-15) after infra core 0
+    # has 15 cores; the 12 exclusive ones take L3 1 whole and 4 of L3 0 (as few domains as
+    # possible, the partly used one filled first): 1-4, 8-15. Shared takes node 0's last 5-7,
+    # then core 16 of node 1 (L3 2).
+    assert pool_cpus["exclusive"] == "1-4,8-15,65-68,72-79"
+    assert view.l3[0].pools == "exclusive 4, shared 3, infra 1"
+    assert view.l3[1].pools == "exclusive 8"
     assert view.l3[2].pools == "shared 1, infra 7"
 
 
@@ -135,7 +139,11 @@ def test_l3_shared_by_two_numa_nodes_is_named_not_boxed(host_input):
 
 def test_old_facts_without_numa_keys_show_no_l3(host_input):
     entry = host_input("2s8c-2numa")
-    assert "l3_domains" not in entry["topology"] and "l3" not in entry["topology"]["cpus"][0]
+    # Facts of a cpupools before NUMA/L3 support: no l3, l3_domains, numa_distances keys.
+    for key in ("l3_domains", "numa_distances"):
+        entry["topology"].pop(key, None)
+    for cpu in entry["topology"]["cpus"]:
+        cpu.pop("l3", None)
     text = render_text([entry])
     header = next(line for line in text.splitlines() if line.startswith("  numa "))
     assert header.split() == ["numa", "socket", "cores", "cpus", "cpulist", "exclusive", "shared", "infra"]
