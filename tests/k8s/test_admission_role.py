@@ -122,3 +122,17 @@ def test_uninstalling_some_nodes_keeps_the_policy_for_the_others(playbook, fake,
     assert fake.admission == {}
     again = playbook(ROLE_PLAY, absent, inventory=inventory)
     assert again.rc == 0 and again.changed("node-1") == 0 and again.changed("node-2") == 0
+
+
+def test_a_play_without_cmk_nodes_publishes_no_policy(playbook, fake, fleet):
+    """The policy serves cmk isolate workloads: nodes of other runtimes neither publish nor remove it."""
+    inventory, extra = fleet
+    run = playbook(ROLE_PLAY, extra, "-e", "cpupools_runtime=cpu-pooler", inventory=inventory)
+    assert run.rc == 0, run.stdout
+    assert run.result(TASK, "node-1").get("skipped") and run.result(TASK, "node-2").get("skipped")
+    assert fake.admission == {} and admission_writes(fake) == []
+    # One cmk node in the play is enough to publish it.
+    first = playbook(ROLE_PLAY, extra, inventory=inventory)
+    assert first.rc == 0 and set(fake.admission) == {POLICIES, BINDINGS}
+    again = playbook(ROLE_PLAY, extra, "-e", "cpupools_runtime=cpu-pooler", inventory=inventory)
+    assert again.rc == 0 and set(fake.admission) == {POLICIES, BINDINGS}  # kept for cmk nodes elsewhere
