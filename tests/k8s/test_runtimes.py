@@ -327,14 +327,18 @@ def test_role_publishes_for_a_runtime_given_with_e_then_changes_nothing(playbook
     extra = {"cpupools_plan": plan, "cpupools_k8s_kubeconfig": str(kubeconfig), "cpupools_k8s_node_name": "node-1"}
     cli = ("-e", "cpupools_runtime=cpu-pooler", "-e", "cpupools_pooler_ht_policy=singleThreaded")
     first = run_ok(playbook, ROLE_PLAY, extra, *cli)
-    assert first.changed() == 2, first.stdout  # the node object, and the runtime
+    # The runtime's file and label are published; the Node gets no cmk label, taint or resources.
+    assert first.result("Publish the runtime configuration and label the node")["changed"], first.stdout
+    assert "cmk.intel.com/cmk-node" not in fake.nodes["node-1"]["metadata"]["labels"]
     want = render(plan, "cpu-pooler", "singleThreaded")
     assert fake.resources[CM]["data"] == {want["key"]: want["file"]}
     assert run_ok(playbook, ROLE_PLAY, extra, *cli).changed() == 0
     # Back to cmk: the node gets the cmk label, taint and resources back (a
-    # non-cmk runtime removes them), and the role removes what the cpu-pooler run left.
+    # non-cmk runtime removes them), a cmk node now publishes the pod injection
+    # policy, and the role removes what the cpu-pooler run left.
     back = run_ok(playbook, ROLE_PLAY, extra)
-    assert back.changed() == 2 and CM not in fake.resources
+    assert back.changed() == 3 and CM not in fake.resources
+    assert back.result("Publish or remove the pod injection policy")["policy"] == "created"
     assert fake.nodes["node-1"]["metadata"]["labels"].get("cmk.intel.com/cmk-node") == "true"
     assert POOLER_LABEL not in fake.nodes["node-1"]["metadata"]["labels"]
 
