@@ -122,11 +122,7 @@ def reconcile_pass(
         if now is not None:
             tasks, names = now
             starts = st.parse_start_markers(names)
-            removed = [
-                pid
-                for pid in tasks
-                if (pid, starts.get(pid)) in dead and not st.task_alive(proc_fs, pid, starts.get(pid), marked)
-            ]
+            removed = _still_dead(tasks, starts, dead, proc_fs, marked)
             kept = [pid for pid in tasks if pid not in removed]
             if tasks == prep.base and kept == prep.tasks and prep.commit():
                 cl._tasks = kept
@@ -184,6 +180,17 @@ def reconcile_pass(
     return reclaimed, sizes
 
 
+def _still_dead(
+    tasks: list[int], starts: dict[int, int], dead: set[tuple[int, int | None]], proc_fs: str, marked: frozenset
+) -> list[int]:
+    """Under the lock: the PIDs of ``tasks`` found dead in the scan with the same start, and dead still."""
+    return [
+        pid
+        for pid in tasks
+        if (pid, starts.get(pid)) in dead and not st.task_alive(proc_fs, pid, starts.get(pid), marked)
+    ]
+
+
 def _reclaim_list(
     cl: st.CpuList, dead: set[tuple[int, int | None]], proc_fs: str, marked: frozenset = frozenset()
 ) -> list[int]:
@@ -196,11 +203,7 @@ def _reclaim_list(
         # Same PID and same recorded start as when found dead, and still dead: a CMK v1.4 isolate
         # may have taken the list under the same PID since the scan, and it writes no marker. A
         # process started since the scan has a start time no marker of the scan names, so it is kept.
-        removed = [
-            pid
-            for pid in tasks
-            if (pid, cl.starts.get(pid)) in dead and not st.task_alive(proc_fs, pid, cl.starts.get(pid), marked)
-        ]
+        removed = _still_dead(tasks, cl.starts, dead, proc_fs, marked)
         for name in names:
             if st.is_temporary(name):
                 try:  # noqa: SIM105 - contextlib costs ~1 ms of start-up
