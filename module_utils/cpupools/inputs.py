@@ -341,6 +341,7 @@ SPEC: dict[str, Var] = {
     ),
     "isolate_cpu0": _var("plan", to_bool, False, "bool"),
     "plan_check_stages": _var("plan", to_bool, True, "bool"),
+    "converged_check": _var("plan", to_bool, True, "bool"),
     # shared by the node roles
     "state": _var("agent kernel k8s", _choice(STATES), "present", choices=STATES),
     # cpupools_kernel
@@ -427,6 +428,7 @@ INTERNAL = frozenset(
     {
         "plan",
         "plan_result",
+        "plan_agent_build",
         "reboot_required",
         "pending_kernel_args",
         "kernel_cmdline",
@@ -440,7 +442,6 @@ INTERNAL = frozenset(
         "agent_build_output",
         "agent_build_src",
         "agent_conf_dest",
-        "agent_pid_ns",
         "cmk_retire_in_cluster",
         "cmk_retire_kubeconfig",
         "cmk_retire_node",
@@ -465,7 +466,6 @@ INTERNAL = frozenset(
         "kernel_irqbalance_path",
         "kernel_kubelet_file",
         "kernel_kubelet_path",
-        "kernel_templates",
         "plan_inputs",
     }
 )
