@@ -91,7 +91,9 @@ todo:
   type: list
   elements: str
 files:
-  description: Name to C(stage), C(path) (on the node, without the root), C(content) and C(mode) of every file the stages render.
+  description:
+    - Name to C(stage), C(path) (on the node, without the root), C(content) and C(mode)
+      of every file the stages render.
   returned: when compare is true and the state is present
   type: dict
 exports:

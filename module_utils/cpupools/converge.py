@@ -390,7 +390,7 @@ def todo(stages: Mapping[str, Sequence[str]], enabled: bool, state: str, known: 
     """The stages to run: those with a reason; every one when the fast path is off or the state is absent."""
     if not enabled or state != "present":
         return list(known)
-    return [name for name in known if stages.get(name)]
+    return [name for name in known if name not in stages or stages[name]]
 
 
 def parse_build(text: str | None, rc: int | None = 0) -> dict | None:

@@ -1,0 +1,182 @@
+"""The converged check against the stages themselves (issue 14): one source of truth.
+
+A fleet of one host per fixture shape (tests/fixtures/sysfs.py) is set up
+with site.yml. Each host then goes through one transition (a resize, changed
+kernel arguments, an edited boot loader drop-in or irqbalance drop-in, a
+removed unit, a changed cmk, an edited pool state, a changed file mode, or
+none), and site.yml runs in check mode with the fast path off, so that every
+stage predicts its own changes on every host. On every host, the stages the
+cpupools_converged module names are exactly the stages that predict a change,
+and exactly those the transition should touch. A real run with the fast path
+on then leaves every host converged by the stages' own account.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers import REPO, run_playbook
+from sysfs import CORPUS, write_tree
+
+pytestmark = pytest.mark.slow
+
+STAGE_PLAYS = {"Write the kernel arguments": "kernel", "Install the node agent and the pool state": "agent"}
+
+
+def _edit(path: Path) -> None:
+    path.write_text(path.read_text() + "# edited by hand\n")
+
+
+def _remove_cpulist(root: Path) -> None:
+    lists = sorted((root / "etc/cmk/pools/exclusive").glob("*/*"))
+    shutil.rmtree(lists[0])
+
+
+#: transition -> (host variables, change to the node's files, stages that must run)
+TRANSITIONS = {
+    "none": ({}, None, set()),
+    "resize": ({"cpupools_num_exclusive_cores": 1}, None, {"kernel", "agent"}),
+    "kernel-args": ({"cpupools_nohz_full": "false"}, None, {"kernel"}),
+    "grub-edited": ({}, lambda r: _edit(r / "etc/default/grub.d/99-cpupools.cfg"), {"kernel"}),
+    "dropin-edited": (
+        {},
+        lambda r: _edit(r / "etc/systemd/system/irqbalance.service.d/50-cpupools.conf"),
+        {"kernel"},
+    ),
+    "unit-removed": ({}, lambda r: (r / "etc/systemd/system/cpupools-reconcile.timer").unlink(), {"agent"}),
+    "agent-changed": ({}, lambda r: (r / "opt/bin/cmk.pyz").open("ab").write(b"\0"), {"agent"}),
+    "state-edited": ({}, _remove_cpulist, {"agent"}),
+    "mode-changed": ({}, lambda r: os.chmod(r / "etc/cmk/cpupools.agent", 0o600), {"agent"}),
+}
+
+
+class Fleet:
+    def __init__(self, base: Path, corpus_root: dict):
+        self.base = base
+        self.hosts = {name.replace("_", "-"): corpus_root[name] for name in CORPUS}
+        self.host_vars: dict[str, dict] = {host: {} for host in self.hosts}
+
+    def root(self, host: str) -> Path:
+        return self.base / "roots" / host
+
+    def write_inventory(self) -> str:
+        hosts = {}
+        for host, facts in self.hosts.items():
+            hosts[host] = {
+                "ansible_connection": "local",
+                "ansible_python_interpreter": "{{ ansible_playbook_python }}",
+                "cpupools_facts_root": facts,
+                "cpupools_root": str(self.root(host)),
+                **self.host_vars[host],
+            }
+        inventory = {
+            "all": {
+                "children": {"cpupools_nodes": {"hosts": hosts}},
+                "vars": {
+                    "cpupools_num_exclusive_cores": 2,
+                    "cpupools_num_shared_cores": 1,
+                    "cpupools_kernel_args_backend": "grub",
+                    "cpupools_irqbalance_banned": True,
+                    "cpupools_report_html": str(self.base / "report.html"),
+                    "cpupools_report_print": False,
+                },
+            }
+        }
+        path = self.base / "hosts.yml"
+        path.write_text(yaml.safe_dump(inventory))
+        return str(path)
+
+    def run(self, *args: str):
+        env_forks = {"ANSIBLE_FORKS": "4"}
+        from helpers import ansible_env
+
+        res = run_playbook(
+            REPO / "site.yml", self.base, None, *args, inventory=self.write_inventory(), env=ansible_env(**env_forks)
+        )
+        assert res.rc == 0, res.stdout[-4000:] + res.stderr[-2000:]
+        return res
+
+
+def verdicts(res) -> dict[str, dict[str, list[str]]]:
+    """host -> stage -> reasons, from the cpupools_converged task of the plan play."""
+    out = {}
+    for task in res.tasks():
+        if task["task"]["name"].endswith(" : Plan the CPU pools"):
+            for host, result in task["hosts"].items():
+                out[host] = result["stages"]
+    return out
+
+
+def predicted(res) -> dict[str, set[str]]:
+    """host -> the stages with at least one changed task (handlers included)."""
+    out: dict[str, set[str]] = defaultdict(set)
+    for play in res.data["plays"]:
+        stage = STAGE_PLAYS.get(play["play"]["name"])
+        if stage is None:
+            continue
+        for task in play["tasks"]:
+            for host, result in task["hosts"].items():
+                if result.get("changed"):
+                    out[host].add(stage)
+    return out
+
+
+def compare_all(fleet: Fleet, expected: dict[str, set[str]]) -> None:
+    """Check mode with every stage running on every host: the verdicts must match the stages."""
+    check = fleet.run("--check", "--diff", "-e", "cpupools_converged_check=false")
+    said, did = verdicts(check), predicted(check)
+    assert set(said) == set(fleet.hosts)
+    problems = []
+    for host in fleet.hosts:
+        named = {stage for stage, reasons in said[host].items() if reasons}
+        if not named == did[host] == expected[host]:
+            problems.append(
+                f"{host}: check named {sorted(named)} {said[host]}, stages changed {sorted(did[host])}, "
+                f"expected {sorted(expected[host])}"
+            )
+    assert not problems, "\n".join(problems)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    base = tmp_path_factory.mktemp("converged")
+    corpus = {name: write_tree(str(base / "corpus" / name), spec) for name, spec in CORPUS.items()}
+    fleet = Fleet(base, corpus)
+    first = fleet.run()
+    assert first.changed(next(iter(fleet.hosts))) > 0
+    return fleet
+
+
+def test_every_shape_and_transition_agrees_with_the_stages(fleet):
+    # Freshly converged: the check says so on every shape, and no stage would change a thing.
+    compare_all(fleet, {host: set() for host in fleet.hosts})
+    names = list(TRANSITIONS)
+    applied = {}
+    expected = {}
+    for i, host in enumerate(fleet.hosts):
+        name = names[i % len(names)]
+        variables, change, stages = TRANSITIONS[name]
+        fleet.host_vars[host].update(variables)
+        if change:
+            change(fleet.root(host))
+        applied[host], expected[host] = name, stages
+    assert set(applied.values()) == set(names)
+    compare_all(fleet, expected)
+
+    # The fast path run repairs exactly those hosts, and leaves every host converged.
+    real = fleet.run()
+    ran = predicted(real)
+    for host in fleet.hosts:
+        assert ran[host] == expected[host], (host, applied[host], ran[host])
+    compare_all(fleet, {host: set() for host in fleet.hosts})
+    rerun = fleet.run()
+    assert sum(rerun.changed(host) for host in fleet.hosts) == 0
+    assert {play["play"]["name"] for play in rerun.data["plays"] if play["tasks"]}.isdisjoint(STAGE_PLAYS), json.dumps(
+        [play["play"]["name"] for play in rerun.data["plays"] if play["tasks"]]
+    )
