@@ -97,8 +97,10 @@ files:
   returned: when compare is true and the state is present
   type: dict
 exports:
-  description: The facts the kernel and agent stages export for the report, as they would set them.
-  returned: when compare is true and the state is present
+  description:
+    - The facts the kernel and agent stages export for the report, as they would set them.
+    - Each is null when the node was not compared (O(compare) false, or the state absent).
+  returned: success
   type: dict
 ansible_facts:
   description: The topology as C(cpupools), as M(cpupools_facts) returns it.
@@ -147,7 +149,7 @@ def main():
         check_root(values["root"])
         check_group(values["task_group"])
         plan = plan_pools(topology, make_request(checked.request()))
-        result.update(plan=plan, inputs=values)
+        result.update(plan=plan, inputs=values, exports=dict.fromkeys(converge.EXPORTS))
         stages = {}
         if params["compare"] and values["state"] == "present":
             group = values["task_group"]

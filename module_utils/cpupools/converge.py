@@ -369,6 +369,17 @@ def check_node(
     }
 
 
+#: The facts the kernel and agent stages export (``exports`` below).
+EXPORTS = (
+    "cpupools_reboot_required",
+    "cpupools_pending_kernel_args",
+    "cpupools_kernel_cmdline",
+    "cpupools_housekeeping",
+    "cpupools_kernel_status",
+    "cpupools_agent_status",
+)
+
+
 def exports(kernel: Mapping, state: Mapping) -> dict:
     """The facts the kernel and agent stages set for the report (one shape, whoever sets them)."""
     return {

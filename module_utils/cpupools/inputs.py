@@ -429,6 +429,7 @@ INTERNAL = frozenset(
         "plan",
         "plan_result",
         "plan_agent_build",
+        "plan_exports",
         "reboot_required",
         "pending_kernel_args",
         "kernel_cmdline",
