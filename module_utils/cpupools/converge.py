@@ -380,8 +380,8 @@ EXPORTS = (
 )
 
 
-def exports(kernel: Mapping, state: Mapping) -> dict:
-    """The facts the kernel and agent stages set for the report (one shape, whoever sets them)."""
+def kernel_exports(kernel: Mapping) -> dict:
+    """The facts the kernel stage sets from its module's result (the module returns them as ``exports``)."""
     return {
         "cpupools_reboot_required": kernel["reboot_required"],
         "cpupools_pending_kernel_args": kernel["pending"],
@@ -393,8 +393,12 @@ def exports(kernel: Mapping, state: Mapping) -> dict:
             "not_applied": [item["arg"] for item in kernel["not_applied"]],
             "desired_cmdline_args": kernel.get("args") or {},
         },
-        "cpupools_agent_status": {"present": True, "tasks": state.get("tasks") or {}},
     }
+
+
+def exports(kernel: Mapping, state: Mapping) -> dict:
+    """The facts the kernel and agent stages set for the k8s stage and the report (one shape, whoever sets them)."""
+    return {**kernel_exports(kernel), "cpupools_agent_status": {"present": True, "tasks": state.get("tasks") or {}}}
 
 
 def todo(stages: Mapping[str, Sequence[str]], enabled: bool, state: str, known: Sequence[str] = STAGES) -> list[str]:

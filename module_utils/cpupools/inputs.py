@@ -430,6 +430,7 @@ INTERNAL = frozenset(
         "plan_result",
         "plan_agent_build",
         "plan_exports",
+        "kernel_exports",
         "reboot_required",
         "pending_kernel_args",
         "kernel_cmdline",

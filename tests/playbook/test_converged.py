@@ -109,7 +109,18 @@ def verdicts(res) -> dict[str, dict[str, list[str]]]:
     for task in res.tasks():
         if task["task"]["name"].endswith(" : Plan the CPU pools"):
             for host, result in task["hosts"].items():
-                out[host] = result["stages"]
+                if not result.get("skipped"):  # the report play's plan role is skipped after the plan play
+                    out[host] = result["stages"]
+    return out
+
+
+def changed_tasks(res) -> dict[str, list[str]]:
+    """host -> the names of its changed tasks, in any play."""
+    out: dict[str, list[str]] = defaultdict(list)
+    for task in res.tasks():
+        for host, result in task["hosts"].items():
+            if result.get("changed"):
+                out[host].append(task["task"]["name"])
     return out
 
 
@@ -130,15 +141,15 @@ def predicted(res) -> dict[str, set[str]]:
 def compare_all(fleet: Fleet, expected: dict[str, set[str]]) -> None:
     """Check mode with every stage running on every host: the verdicts must match the stages."""
     check = fleet.run("--check", "--diff", "-e", "cpupools_converged_check=false")
-    said, did = verdicts(check), predicted(check)
+    said, did, names = verdicts(check), predicted(check), changed_tasks(check)
     assert set(said) == set(fleet.hosts)
     problems = []
     for host in fleet.hosts:
         named = {stage for stage, reasons in said[host].items() if reasons}
         if not named == did[host] == expected[host]:
             problems.append(
-                f"{host}: check named {sorted(named)} {said[host]}, stages changed {sorted(did[host])}, "
-                f"expected {sorted(expected[host])}"
+                f"{host}: check named {sorted(named)} {said[host]}, stages changed {sorted(did[host])} "
+                f"{names[host]}, expected {sorted(expected[host])}"
             )
     assert not problems, "\n".join(problems)
 
@@ -180,3 +191,43 @@ def test_every_shape_and_transition_agrees_with_the_stages(fleet):
     assert {play["play"]["name"] for play in rerun.data["plays"] if play["tasks"]}.isdisjoint(STAGE_PLAYS), json.dumps(
         [play["play"]["name"] for play in rerun.data["plays"] if play["tasks"]]
     )
+
+
+def stage_tasks(res) -> dict[str, int]:
+    """Stage play name -> number of task results in it."""
+    return {
+        STAGE_PLAYS[play["play"]["name"]]: sum(len(t["hosts"]) for t in play["tasks"])
+        for play in res.data["plays"]
+        if play["play"]["name"] in STAGE_PLAYS
+    }
+
+
+def test_tags_and_the_safety_valve_on_the_default_inventory(playbook, tmp_path):
+    inventory = str(REPO / "inventories" / "local" / "hosts.yml")
+    extra = {"cpupools_root": str(tmp_path / "sandbox"), "cpupools_report_html": str(tmp_path / "report.html")}
+
+    def site(*args, **more):
+        res = playbook(REPO / "site.yml", {**extra, **more}, *args, inventory=inventory)
+        assert res.rc == 0, res.stdout[-3000:] + res.stderr[-2000:]
+        return res
+
+    assert site().changed() > 0
+    # Converged: the kernel and agent plays have no host, even when asked for by tag.
+    quiet = site("--tags", "kernel,agent")
+    assert stage_tasks(quiet) == {"kernel": 0, "agent": 0}
+    assert quiet.result("Plan the CPU pools")["converged"] == ["kernel", "agent"]
+    # Drift under a tag: the tagged stage runs and repairs it; the other stage is left alone.
+    dropin = tmp_path / "sandbox/etc/default/grub.d/99-cpupools.cfg"
+    text = dropin.read_text()
+    dropin.unlink()
+    fixed = site("--tags", "kernel")
+    reasons = fixed.result("Plan the CPU pools")["stages"]
+    assert "kernel arguments: write /etc/default/grub.d/99-cpupools.cfg" in reasons["kernel"], reasons
+    assert reasons["agent"] == [], reasons
+    assert fixed.changed() > 0 and dropin.read_text() == text
+    assert stage_tasks(fixed)["agent"] == 0
+    # The safety valve runs every stage, and they change nothing.
+    forced = site(cpupools_converged_check=False)
+    counts = stage_tasks(forced)
+    assert counts["kernel"] > 5 and counts["agent"] > 5, counts
+    assert forced.changed() == 0
