@@ -71,6 +71,7 @@ PING = """---
 
 def make_fleet(base: Path, hosts: int, odd: tuple[str, Path] | None = None) -> Path:
     """The inventory of ``hosts`` hosts; ``odd`` = (fixture name, its tree) replaces the first host's topology."""
+    base.mkdir(parents=True, exist_ok=True)
     topology = HERE / "inventories" / "local" / "topology"
     lines = ["all:", "  children:", "    cpupools_nodes:", "      hosts:"]
     for i in range(hosts):
