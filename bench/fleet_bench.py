@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -104,7 +105,14 @@ def make_fleet(base: Path, hosts: int, odd: tuple[str, Path] | None = None) -> P
 EXTRA_ENV: dict[str, str] = {}
 
 
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def run(repo: Path, inventory: Path, playbook: Path, forks: int) -> tuple[float, dict]:
+    """Wall time and the JSON callback's output; the CPU seconds of the run (controller and the
+    local "nodes" together) are in ``data["cpu"]``."""
     env = dict(os.environ)
     env.update(
         {
@@ -114,6 +122,7 @@ def run(repo: Path, inventory: Path, playbook: Path, forks: int) -> tuple[float,
             **EXTRA_ENV,
         }
     )
+    cpu = children_cpu()
     start = time.perf_counter()
     proc = subprocess.run(
         [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory), str(playbook)],
@@ -126,11 +135,13 @@ def run(repo: Path, inventory: Path, playbook: Path, forks: int) -> tuple[float,
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         sys.exit(f"{playbook} failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return wall, json.loads(proc.stdout[proc.stdout.index("{") :])
+    data = json.loads(proc.stdout[proc.stdout.index("{") :])
+    data["cpu"] = children_cpu() - cpu
+    return wall, data
 
 
-def counts(data: dict, hosts: int) -> tuple[float, float, int]:
-    """Tasks per host (every result, skipped included), module executions per host, changed results."""
+def counts(data: dict, hosts: int) -> tuple[float, float, int, float]:
+    """Tasks per host (every result, skipped included), module executions per host, changed results, CPU s/host."""
     tasks = modules = 0
     for play in data["plays"]:
         for task in play["tasks"]:
@@ -140,7 +151,7 @@ def counts(data: dict, hosts: int) -> tuple[float, float, int]:
                 if not res.get("skipped") and action not in CONTROLLER_ACTIONS:
                     modules += 1
     changed = sum(s["changed"] for s in data["stats"].values())
-    return tasks / hosts, modules / hosts, changed
+    return tasks / hosts, modules / hosts, changed, data["cpu"] / hosts
 
 
 def one_round(repo: Path, base: Path, hosts: int, forks: int) -> dict:
@@ -178,6 +189,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repo", type=Path, default=HERE, help="checkout whose site.yml runs (default: this one)")
     parser.add_argument("--no-big", action="store_true", help="skip the 1,024-CPU host comparison")
+    parser.add_argument("--big-hosts", type=int, help="hosts of the fleets of that comparison (default: --hosts)")
     parser.add_argument("--keep", type=Path, help="build the fleets in DIR and keep them")
     parser.add_argument(
         "--mitogen", type=Path, help="run under mitogen_linear from DIR (the directory holding ansible_mitogen)"
@@ -200,19 +212,22 @@ def main() -> None:
         rounds = [one_round(repo, base / f"round{i}", args.hosts, args.forks) for i in range(args.rounds)]
         for label in ("first", "rerun", "ping"):
             walls = [r[label][0] for r in rounds]
-            _, tasks, modules, changed = rounds[-1][label]
+            _, tasks, modules, changed, _ = rounds[-1][label]
+            cpu = statistics.median(r[label][4] for r in rounds)
             print(
                 f"{label:6}: wall {statistics.median(walls):6.1f} s median of {', '.join(f'{w:.1f}' for w in walls)}; "
-                f"{tasks:5.1f} tasks/host, {modules:5.1f} module executions/host, {changed} changed"
+                f"{tasks:5.1f} tasks/host, {modules:5.1f} module executions/host, {cpu:.2f} CPU s/host, "
+                f"{changed} changed"
             )
             failed |= label == "rerun" and any(r["rerun"][3] for r in rounds)
         ratios = [r["rerun"][0] / r["ping"][0] for r in rounds]
         print(f"re-run / ping: {statistics.median(ratios):.2f} (per round: {', '.join(f'{x:.2f}' for x in ratios)})")
         if not args.no_big:
-            times = big_host(repo, base / "big", args.hosts, args.forks, args.rounds)
+            times = big_host(repo, base / "big", args.big_hosts or args.hosts, args.forks, args.rounds)
             small, big = statistics.median(times["1s8c-smt2"]), statistics.median(times["8s64c-smt2"])
             print(
-                f"converged re-run, first host 16 CPUs: {small:.1f} s; 1,024 CPUs: {big:.1f} s "
+                f"converged re-run of {args.big_hosts or args.hosts} hosts, the first with 16 CPUs: {small:.1f} s; "
+                f"with 1,024 CPUs: {big:.1f} s "
                 f"(difference {big - small:+.1f} s, {(big - small) / small * 100:+.0f} %)"
             )
     finally:

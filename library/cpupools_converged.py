@@ -111,7 +111,7 @@ ansible_facts:
 import grp
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.cpupools import converge
+from ansible.module_utils.cpupools.converge import EXPORTS, STAGES, check_node, parse_build, todo
 from ansible.module_utils.cpupools.errors import CpupoolsError
 from ansible.module_utils.cpupools.inputs import check_group, check_root, unknown_variables, validate_inputs
 from ansible.module_utils.cpupools.plan import make_request, plan_pools
@@ -149,17 +149,17 @@ def main():
         check_root(values["root"])
         check_group(values["task_group"])
         plan = plan_pools(topology, make_request(checked.request()))
-        result.update(plan=plan, inputs=values, exports=dict.fromkeys(converge.EXPORTS))
+        result.update(plan=plan, inputs=values, exports=dict.fromkeys(EXPORTS))
         stages = {}
         if params["compare"] and values["state"] == "present":
             group = values["task_group"]
-            node = converge.check_node(
+            node = check_node(
                 values,
                 plan,
                 host or "",
                 run_command=module.run_command,
                 task_gid=None if not group else int(group) if group.isdigit() else grp.getgrnam(group).gr_gid,
-                build=converge.parse_build(params["build"], params["build_rc"]),
+                build=parse_build(params["build"], params["build_rc"]),
                 which=lambda name: module.get_bin_path(name, opt_dirs=["/usr/sbin", "/sbin"]),
                 systemctl=lambda argv: module.run_command(["systemctl", *argv])[0],
             )
@@ -170,8 +170,8 @@ def main():
     except CpupoolsError as exc:
         module.fail_json(msg=exc.describe(host))
     enabled = params["compare"] and values["converged_check"]
-    todo = converge.todo(stages, enabled, values["state"])
-    result.update(todo=todo, converged=[name for name in converge.STAGES if name not in todo])
+    pending = todo(stages, enabled, values["state"])
+    result.update(todo=pending, converged=[name for name in STAGES if name not in pending])
     for warning in plan["warnings"]:
         module.warn(say(warning))
     module.exit_json(changed=False, **result)

@@ -22,7 +22,10 @@ import stat
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from . import bootloader
+# Names, not "from . import bootloader": mitogen's module loader cannot import a
+# submodule as a name of its package.
+from .bootloader import Host, Runner
+from .bootloader import converge as converge_kernel
 from .state_writer import converge as converge_state
 
 #: The stages that have a converged check, in the order site.yml runs them.
@@ -322,7 +325,7 @@ def check_node(
     plan: Mapping,
     host: str,
     *,
-    run_command: bootloader.Runner,
+    run_command: Runner,
     task_gid: int | None,
     build: Mapping | None,
     which: Callable[[str], str | None] | None = None,
@@ -338,7 +341,7 @@ def check_node(
     (the facts a skipped stage would have set, for the report).
     """
     root = values["root"]
-    host_io = bootloader.Host(
+    host_io = Host(
         root,
         run_command,
         facts_root=values["facts_root"] or root,
@@ -346,7 +349,7 @@ def check_node(
         check_mode=True,
         which=which,
     )
-    kernel = bootloader.converge(host_io, kernel_params(values, plan, host))
+    kernel = converge_kernel(host_io, kernel_params(values, plan, host))
     state = converge_state(
         os.path.join(root, values["conf_dir"].lstrip("/")),
         dict(plan),
