@@ -137,7 +137,9 @@ def main():
 
     for warning in unknown_variables(raw):
         module.warn(say(warning))
-    facts_root = raw.get("cpupools_facts_root") or raw.get("cpupools_root") or "/"
+    # As the cpupools_facts module takes it: an empty value is refused by name, not replaced.
+    facts_root = raw["cpupools_facts_root"] if "cpupools_facts_root" in raw else raw.get("cpupools_root", "/")
+    facts_root = None if facts_root is None else str(facts_root)
     try:
         topology = gather_topology(check_facts_root(facts_root))
     except CpupoolsError as exc:
