@@ -74,15 +74,14 @@ def test_rendered_files_follow_the_inputs_and_are_deterministic():
     v = values(kubelet_reservation="systemReserved", reconcile_interval="90", metrics_dir="/var/lib/ne")
     files = converge.desired_files(v, OUTPUTS, "node-7", 1)
     assert files == converge.desired_files(v, OUTPUTS, "node-7", 1)
-    assert 'systemReserved:\n  cpu: "6"\n' in files["kubelet"].content
     assert "OnUnitActiveSec=90s\n" in files["timer"].content
     assert "--metrics-dir=/var/lib/ne --kubeconfig=/etc/kubernetes/kubelet.conf --node-name=node-7\n" in (
         files["service"].content
     )
     assert files["settings"].path == "/etc/cmk/cpupools.agent"
     assert "\nnode_pid_ns=1\n" in files["settings"].content and files["settings"].content.endswith("isolate_shell=0\n")
+    assert "kubelet" not in files  # the kubelet drop-in is the kubelet module's (kubelet_reasons below)
     default = converge.desired_files(values(), OUTPUTS, "node-7", 1)
-    assert 'reservedSystemCPUs: "1-3,5-7"\n' in default["kubelet"].content
     assert all(f.content.startswith(converge.HEADER) for f in default.values())
 
 
@@ -100,3 +99,42 @@ def test_todo_runs_every_stage_when_the_fast_path_is_off_or_the_state_is_absent(
     assert converge.todo({}, True, "absent") == list(converge.STAGES)
     # A stage the check does not know is never reported converged.
     assert converge.todo(stages, True, "present", known=("kernel", "agent", "hugepages")) == ["agent", "hugepages"]
+
+
+PLAN = {"pool_cpus": {"exclusive": "2-3", "shared": "4", "infra": "0-1,5-7"}, "isolated_cpus": "2-4"}
+
+
+def test_kubelet_drop_in_is_compared_through_the_kubelet_modules_own_logic(tmp_path):
+    """Off: nothing to do. On: missing, then written by the stage's own function, then converged."""
+    from cpupools import kubelet
+    from cpupools.bootloader import Host
+
+    def host(check):
+        return Host(str(tmp_path), lambda *a, **k: (0, "", ""), check_mode=check)
+
+    assert converge.kubelet_reasons(values(), PLAN, None, host(True)) == []
+    on = values(kubelet_dropin=True)
+    reasons = converge.kubelet_reasons(on, PLAN, None, host(True))
+    assert reasons and all(r.startswith("kubelet: ") for r in reasons), reasons
+    assert list(tmp_path.iterdir()) == []  # the check wrote nothing
+    node = kubelet.Node(host(False), converge.kubelet_path(on), on["kubelet_state_file"])
+    settings = {**on, "state": "present", "plan": PLAN, "dropin": True, "reservation": on["kubelet_reservation"]}
+    kubelet.configure(node, kubelet.desired_config(settings, None), "cmk", kubelet.HEADER)  # what the stage does
+    assert converge.kubelet_reasons(on, PLAN, None, host(True)) == []
+    off_again = converge.kubelet_reasons(values(), PLAN, None, host(True))
+    assert off_again and "kubelet" in off_again[0]  # the stage would remove it
+
+
+def test_hugepages_through_the_unit_always_run_the_kernel_stage(tmp_path):
+    root = str(tmp_path)
+    assert converge.hugepages_reasons({"hugepages": {"runtime": []}}, root) == []
+    planned = {"hugepages": {"runtime": [{"size": "2M", "count": 8, "numa_node": 0}]}}
+    assert converge.hugepages_reasons(planned, root) == [
+        "hugepages: the cpupools-hugepages unit is not compared by the fast path"
+    ]
+    conf = tmp_path / "etc/cpupools-hugepages.conf"
+    conf.parent.mkdir(parents=True)
+    conf.write_text("x\n")
+    assert converge.hugepages_reasons({}, root) == [
+        "hugepages: /etc/cpupools-hugepages.conf is present and no page is planned through the unit"
+    ]
