@@ -217,6 +217,14 @@ outputs:
     kubelet reservations).
   type: dict
   returned: always
+exports:
+  description:
+    - The facts the cpupools_kernel role sets from this result (C(cpupools_reboot_required),
+      C(cpupools_pending_kernel_args), C(cpupools_kernel_cmdline), C(cpupools_housekeeping),
+      C(cpupools_kernel_status)), computed by the function the cpupools_converged module uses
+      for a host whose kernel stage it skips.
+  type: dict
+  returned: always
 files_present:
   description: Those of O(report_files) that exist.
   type: list
@@ -233,6 +241,7 @@ import socket
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.cpupools import bootloader, kargs
+from ansible.module_utils.cpupools.converge import kernel_exports
 from ansible.module_utils.cpupools.errors import CpupoolsError
 
 ARGUMENT_SPEC = {
@@ -276,6 +285,7 @@ def main():
     for warning in result.pop("warnings"):
         module.warn(warning)
     result["files_present"] = sorted(f for f in params["report_files"] if os.path.lexists(host.path(f)))
+    result["exports"] = kernel_exports(result)
     module.exit_json(**result)
 
 

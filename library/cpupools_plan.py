@@ -190,11 +190,9 @@ inputs:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.cpupools.errors import CpupoolsError
-from ansible.module_utils.cpupools.hugepages import plan_hugepages
+from ansible.module_utils.cpupools.host_plan import plan_host
 from ansible.module_utils.cpupools.inputs import PLAN_KEYS, check_group, check_root, unknown_variables, validate_inputs
-from ansible.module_utils.cpupools.kubelet import check_plan as check_kubelet
 from ansible.module_utils.cpupools.plan import make_request, plan_pools
-from ansible.module_utils.cpupools.runtimes import check_runtime, core_numbers
 from ansible.module_utils.cpupools.topology import Topology
 
 ARGUMENT_SPEC = {
@@ -236,22 +234,12 @@ def main():
             request = make_request(checked.request())
             result["inputs"] = checked.values
         if topology is not None:
-            plan = plan_pools(topology, request)
-            if "inputs" in result:  # what the chosen runtime cannot express is refused here, before any stage
-                values = result["inputs"]
-                cores = core_numbers([list(core.cpus) for core in topology.cores])
-                check_runtime(plan, cores, values["runtime"], values["pooler_ht_policy"])
-                plan["hugepages"] = plan_hugepages(
-                    values["hugepages"],
-                    params["topology"],
-                    values["hugepages_keep_free_mb"],
-                    values["hugepages_default_size"],
-                )
+            if "inputs" in result:  # what the runtime and the hugepages refuse, refused here before any stage
+                plan = plan_host(topology, params["topology"], result["inputs"], request)
+            else:
+                plan = plan_pools(topology, request)
             result["plan"] = plan
             warnings += plan["warnings"]
-            if "inputs" in result:
-                # What the kubelet runtime would refuse, refused here before any stage writes.
-                check_kubelet(plan, topology, result["inputs"])
     except CpupoolsError as exc:
         module.fail_json(msg=exc.describe(params["host"]))
     for warning in warnings:

@@ -374,6 +374,7 @@ SPEC: dict[str, Var] = {
     "hugepages": _var("plan", to_hugepages, [], "raw"),
     "hugepages_default_size": _var("plan", _page_size, ""),
     "hugepages_keep_free_mb": _var("plan", _int(0, 1 << 30), 1024, "int"),
+    "converged_check": _var("plan", to_bool, True, "bool"),
     # shared by the node roles
     "state": _var("agent kernel k8s", _choice(STATES), "present", choices=STATES),
     # cpupools_kernel
@@ -479,6 +480,9 @@ INTERNAL = frozenset(
     {
         "plan",
         "plan_result",
+        "plan_agent_build",
+        "plan_exports",
+        "kernel_exports",
         "reboot_required",
         "pending_kernel_args",
         "kernel_cmdline",
@@ -492,7 +496,6 @@ INTERNAL = frozenset(
         "agent_build_output",
         "agent_build_src",
         "agent_conf_dest",
-        "agent_pid_ns",
         "cmk_retire_in_cluster",
         "cmk_retire_kubeconfig",
         "cmk_retire_node",

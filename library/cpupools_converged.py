@@ -1,0 +1,189 @@
+#!/usr/bin/python
+# Copyright: the cpupools authors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+DOCUMENTATION = r"""
+---
+module: cpupools_converged
+short_description: Plan a node and say which cpupools stages have work to do, in one execution
+description:
+  - Does in one module execution what the plan play needs from a node - reads the
+    topology (as M(cpupools_facts)), checks every C(cpupools_*) variable and
+    computes the plan (as M(cpupools_plan) with O(inputs)) - and then, with
+    O(compare), derives every artefact the kernel and agent stages write
+    (kernel arguments and boot loader state, the optional drop-ins, the pool
+    state, the C(cmk) build, the agent's settings, the reconcile units) with
+    the stages' own functions and compares each with the node.
+  - Returns the stages that are not converged, with a reason for each
+    difference, and the rendered files, which the stages write as they are.
+  - Never changes anything; check mode is the same run.
+  - Refuses what the kernel and agent stages would refuse (a foreign GRUB
+    drop-in, a command line that is too long, live tasks that a resize cannot
+    fit, a corrupt state), with the stages' messages, before any stage runs.
+  - See docs/performance.md.
+version_added: "0.2.0"
+options:
+  inputs:
+    description:
+      - Every C(cpupools_*) variable of the host, by full name (see
+        module_utils/cpupools/inputs.py for the spec of each).
+    type: dict
+    required: true
+  host:
+    description: Name of the host, used in messages.
+    type: str
+  compare:
+    description:
+      - Compare the node with the stages' artefacts. C(false) only plans (as
+        for a report without the stages).
+    type: bool
+    default: true
+  build:
+    description:
+      - The output of C(scripts/build_agent.py --check) on the controller (one
+        C(<sha256>  <path>  <verdict>) line per file). Without it, or when the
+        build failed (O(build_rc)), the agent stage is not converged.
+    type: str
+  build_rc:
+    description: Exit status of that build; not 0 means no build to compare with.
+    type: int
+    default: 0
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+author:
+  - cpupools authors
+"""
+
+EXAMPLES = r"""
+- name: Plan the CPU pools and check the node
+  cpupools_converged:
+    inputs: "{{ cpupools_plan_inputs }}"
+    host: "{{ inventory_hostname }}"
+    build: "{{ cpupools_plan_agent_build.stdout }}"
+  register: cpupools_plan_result
+"""
+
+RETURN = r"""
+plan:
+  description: The pool layout, as M(cpupools_plan) returns it.
+  returned: success
+  type: dict
+inputs:
+  description: Every public cpupools variable, normalised (without the C(cpupools_) prefix).
+  returned: success
+  type: dict
+stages:
+  description: Stage name to the reasons it is not converged ([] when converged); only the stages with a check.
+  returned: when compare is true and the state is present
+  type: dict
+  sample: {"kernel": [], "agent": ["pool state: differs from the plan"]}
+converged:
+  description: The stages with nothing to do (what the playbooks skip).
+  returned: success
+  type: list
+  elements: str
+todo:
+  description: The stages with a check that have something to do (all of them when the fast path is off).
+  returned: success
+  type: list
+  elements: str
+files:
+  description:
+    - Name to C(stage), C(path) (on the node, without the root), C(content) and C(mode)
+      of every file the stages render.
+  returned: when compare is true and the state is present
+  type: dict
+exports:
+  description:
+    - The facts the kernel and agent stages export for the report, as they would set them.
+    - Each is null when the node was not compared (O(compare) false, or the state absent).
+  returned: success
+  type: dict
+ansible_facts:
+  description: The topology as C(cpupools), as M(cpupools_facts) returns it.
+  returned: success
+  type: dict
+"""
+
+import grp
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.cpupools.converge import EXPORTS, STAGES, check_node, parse_build, todo
+from ansible.module_utils.cpupools.errors import CpupoolsError
+from ansible.module_utils.cpupools.host_plan import plan_host
+from ansible.module_utils.cpupools.hugepages import read_hugepages
+from ansible.module_utils.cpupools.inputs import check_group, check_root, unknown_variables, validate_inputs
+from ansible.module_utils.cpupools.plan import make_request
+from ansible.module_utils.cpupools.topology import check_facts_root, gather_topology
+
+ARGUMENT_SPEC = {
+    "inputs": {"type": "dict", "required": True},
+    "host": {"type": "str"},
+    "compare": {"type": "bool", "default": True},
+    "build": {"type": "str"},
+    "build_rc": {"type": "int", "default": 0},
+}
+
+
+def main():
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    params = module.params
+    host = params["host"]
+    raw = params["inputs"]
+
+    def say(text):
+        return f"host {host}: {text}" if host else text
+
+    for warning in unknown_variables(raw):
+        module.warn(say(warning))
+    # As the cpupools_facts module takes it: an empty value is refused by name, not replaced.
+    facts_root = raw["cpupools_facts_root"] if "cpupools_facts_root" in raw else raw.get("cpupools_root", "/")
+    facts_root = None if facts_root is None else str(facts_root)
+    try:
+        facts_dir = check_facts_root(facts_root)
+        topology = gather_topology(facts_dir)
+        facts = topology.to_facts()
+        facts.update(read_hugepages(facts_dir))  # as cpupools_facts reports them
+    except CpupoolsError as exc:
+        module.fail_json(msg=say(f"cpupools_facts_root: {facts_root!r}: {exc}"))
+    result = {"ansible_facts": {"cpupools": facts}}
+    try:
+        checked = validate_inputs(raw, possible_cpus=max([*topology.cpus, *topology.offline]) + 1)
+        values = checked.values
+        check_root(values["root"])
+        check_group(values["task_group"])
+        plan = plan_host(topology, facts, values, make_request(checked.request()))
+        result.update(plan=plan, inputs=values, exports=dict.fromkeys(EXPORTS))
+        stages = {}
+        if params["compare"] and values["state"] == "present":
+            group = values["task_group"]
+            node = check_node(
+                values,
+                plan,
+                host or "",
+                run_command=module.run_command,
+                task_gid=None if not group else int(group) if group.isdigit() else grp.getgrnam(group).gr_gid,
+                build=parse_build(params["build"], params["build_rc"]),
+                which=lambda name: module.get_bin_path(name, opt_dirs=["/usr/sbin", "/sbin"]),
+                systemctl=lambda argv: module.run_command(["systemctl", *argv])[0],
+                topology=topology,
+            )
+            stages = node["stages"]
+            result.update(stages=stages, files=node["files"], exports=node["exports"])
+            for warning in node["warnings"]:
+                module.warn(say(warning))
+    except CpupoolsError as exc:
+        module.fail_json(msg=exc.describe(host))
+    enabled = params["compare"] and values["converged_check"]
+    pending = todo(stages, enabled, values["state"])
+    result.update(todo=pending, converged=[name for name in STAGES if name not in pending])
+    for warning in plan["warnings"]:
+        module.warn(say(warning))
+    module.exit_json(changed=False, **result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,234 @@
+"""The converged check against the stages themselves (issue 14): one source of truth.
+
+A fleet of one host per fixture shape (tests/fixtures/sysfs.py) is set up
+with site.yml. Each host then goes through one transition (a resize, changed
+kernel arguments, an edited boot loader drop-in or irqbalance drop-in, a
+removed unit, a changed cmk, an edited pool state, a changed file mode, or
+none), and site.yml runs in check mode with the fast path off, so that every
+stage predicts its own changes on every host. On every host, the stages the
+cpupools_converged module names are exactly the stages that predict a change,
+and exactly those the transition should touch. A real run with the fast path
+on then leaves every host converged by the stages' own account.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers import REPO, run_playbook
+from sysfs import CORPUS, write_tree
+
+pytestmark = pytest.mark.slow
+
+STAGE_PLAYS = {"Write the kernel arguments": "kernel", "Install the node agent and the pool state": "agent"}
+
+
+def _edit(path: Path) -> None:
+    path.write_text(path.read_text() + "# edited by hand\n")
+
+
+def _remove_cpulist(root: Path) -> None:
+    lists = sorted((root / "etc/cmk/pools/exclusive").glob("*/*"))
+    shutil.rmtree(lists[0])
+
+
+#: transition -> (host variables, change to the node's files, stages that must run)
+TRANSITIONS = {
+    "none": ({}, None, set()),
+    "resize": ({"cpupools_num_exclusive_cores": 1}, None, {"kernel", "agent"}),
+    "kernel-args": ({"cpupools_nohz_full": "false"}, None, {"kernel"}),
+    "grub-edited": ({}, lambda r: _edit(r / "etc/default/grub.d/99-cpupools.cfg"), {"kernel"}),
+    "dropin-edited": (
+        {},
+        lambda r: _edit(r / "etc/systemd/system/irqbalance.service.d/50-cpupools.conf"),
+        {"kernel"},
+    ),
+    "unit-removed": ({}, lambda r: (r / "etc/systemd/system/cpupools-reconcile.timer").unlink(), {"agent"}),
+    "agent-changed": ({}, lambda r: (r / "opt/bin/cmk.pyz").open("ab").write(b"\0"), {"agent"}),
+    "state-edited": ({}, _remove_cpulist, {"agent"}),
+    "mode-changed": ({}, lambda r: os.chmod(r / "etc/cmk/cpupools.agent", 0o600), {"agent"}),
+}
+
+
+class Fleet:
+    def __init__(self, base: Path, corpus_root: dict):
+        self.base = base
+        self.hosts = {name.replace("_", "-"): corpus_root[name] for name in CORPUS}
+        self.host_vars: dict[str, dict] = {host: {} for host in self.hosts}
+
+    def root(self, host: str) -> Path:
+        return self.base / "roots" / host
+
+    def write_inventory(self) -> str:
+        hosts = {}
+        for host, facts in self.hosts.items():
+            hosts[host] = {
+                "ansible_connection": "local",
+                "ansible_python_interpreter": "{{ ansible_playbook_python }}",
+                "cpupools_facts_root": facts,
+                "cpupools_root": str(self.root(host)),
+                **self.host_vars[host],
+            }
+        inventory = {
+            "all": {
+                "children": {"cpupools_nodes": {"hosts": hosts}},
+                "vars": {
+                    "cpupools_num_exclusive_cores": 2,
+                    "cpupools_num_shared_cores": 1,
+                    "cpupools_kernel_args_backend": "grub",
+                    "cpupools_irqbalance_banned": True,
+                    "cpupools_report_html": str(self.base / "report.html"),
+                    "cpupools_report_print": False,
+                },
+            }
+        }
+        path = self.base / "hosts.yml"
+        path.write_text(yaml.safe_dump(inventory))
+        return str(path)
+
+    def run(self, *args: str):
+        env_forks = {"ANSIBLE_FORKS": "4"}
+        from helpers import ansible_env
+
+        res = run_playbook(
+            REPO / "site.yml", self.base, None, *args, inventory=self.write_inventory(), env=ansible_env(**env_forks)
+        )
+        assert res.rc == 0, res.stdout[-4000:] + res.stderr[-2000:]
+        return res
+
+
+def verdicts(res) -> dict[str, dict[str, list[str]]]:
+    """host -> stage -> reasons, from the cpupools_converged task of the plan play."""
+    out = {}
+    for task in res.tasks():
+        if task["task"]["name"].endswith(" : Plan the CPU pools"):
+            for host, result in task["hosts"].items():
+                if not result.get("skipped"):  # the report play's plan role is skipped after the plan play
+                    out[host] = result["stages"]
+    return out
+
+
+def changed_tasks(res) -> dict[str, list[str]]:
+    """host -> the names of its changed tasks, in any play."""
+    out: dict[str, list[str]] = defaultdict(list)
+    for task in res.tasks():
+        for host, result in task["hosts"].items():
+            if result.get("changed"):
+                out[host].append(task["task"]["name"])
+    return out
+
+
+def predicted(res) -> dict[str, set[str]]:
+    """host -> the stages with at least one changed task (handlers included)."""
+    out: dict[str, set[str]] = defaultdict(set)
+    for play in res.data["plays"]:
+        stage = STAGE_PLAYS.get(play["play"]["name"])
+        if stage is None:
+            continue
+        for task in play["tasks"]:
+            for host, result in task["hosts"].items():
+                if result.get("changed"):
+                    out[host].add(stage)
+    return out
+
+
+def compare_all(fleet: Fleet, expected: dict[str, set[str]]) -> None:
+    """Check mode with every stage running on every host: the verdicts must match the stages."""
+    check = fleet.run("--check", "--diff", "-e", "cpupools_converged_check=false")
+    said, did, names = verdicts(check), predicted(check), changed_tasks(check)
+    assert set(said) == set(fleet.hosts)
+    problems = []
+    for host in fleet.hosts:
+        named = {stage for stage, reasons in said[host].items() if reasons}
+        if not named == did[host] == expected[host]:
+            problems.append(
+                f"{host}: check named {sorted(named)} {said[host]}, stages changed {sorted(did[host])} "
+                f"{names[host]}, expected {sorted(expected[host])}"
+            )
+    assert not problems, "\n".join(problems)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    base = tmp_path_factory.mktemp("converged")
+    corpus = {name: write_tree(str(base / "corpus" / name), spec) for name, spec in CORPUS.items()}
+    fleet = Fleet(base, corpus)
+    first = fleet.run()
+    assert first.changed(next(iter(fleet.hosts))) > 0
+    return fleet
+
+
+def test_every_shape_and_transition_agrees_with_the_stages(fleet):
+    # Freshly converged: the check says so on every shape, and no stage would change a thing.
+    compare_all(fleet, {host: set() for host in fleet.hosts})
+    names = list(TRANSITIONS)
+    applied = {}
+    expected = {}
+    for i, host in enumerate(fleet.hosts):
+        name = names[i % len(names)]
+        variables, change, stages = TRANSITIONS[name]
+        fleet.host_vars[host].update(variables)
+        if change:
+            change(fleet.root(host))
+        applied[host], expected[host] = name, stages
+    assert set(applied.values()) == set(names)
+    compare_all(fleet, expected)
+
+    # The fast path run repairs exactly those hosts, and leaves every host converged.
+    real = fleet.run()
+    ran = predicted(real)
+    for host in fleet.hosts:
+        assert ran[host] == expected[host], (host, applied[host], ran[host])
+    # The re-run finds every host converged, runs no stage task, changes nothing.
+    rerun = fleet.run()
+    assert all(not any(reasons.values()) for reasons in verdicts(rerun).values()), verdicts(rerun)
+    assert sum(rerun.changed(host) for host in fleet.hosts) == 0
+    assert {play["play"]["name"] for play in rerun.data["plays"] if play["tasks"]}.isdisjoint(STAGE_PLAYS), json.dumps(
+        [play["play"]["name"] for play in rerun.data["plays"] if play["tasks"]]
+    )
+
+
+def stage_tasks(res) -> dict[str, int]:
+    """Stage play name -> number of task results in it."""
+    return {
+        STAGE_PLAYS[play["play"]["name"]]: sum(len(t["hosts"]) for t in play["tasks"])
+        for play in res.data["plays"]
+        if play["play"]["name"] in STAGE_PLAYS
+    }
+
+
+def test_tags_and_the_safety_valve_on_the_default_inventory(playbook, tmp_path):
+    inventory = str(REPO / "inventories" / "local" / "hosts.yml")
+    extra = {"cpupools_root": str(tmp_path / "sandbox"), "cpupools_report_html": str(tmp_path / "report.html")}
+
+    def site(*args, **more):
+        res = playbook(REPO / "site.yml", {**extra, **more}, *args, inventory=inventory)
+        assert res.rc == 0, res.stdout[-3000:] + res.stderr[-2000:]
+        return res
+
+    assert site().changed() > 0
+    # Converged: the kernel and agent plays have no host, even when asked for by tag.
+    quiet = site("--tags", "kernel,agent")
+    assert stage_tasks(quiet) == {"kernel": 0, "agent": 0}
+    assert quiet.result("Plan the CPU pools")["converged"] == ["kernel", "agent"]
+    # Drift under a tag: the tagged stage runs and repairs it; the other stage is left alone.
+    dropin = tmp_path / "sandbox/etc/default/grub.d/99-cpupools.cfg"
+    text = dropin.read_text()
+    dropin.unlink()
+    fixed = site("--tags", "kernel")
+    reasons = fixed.result("Plan the CPU pools")["stages"]
+    assert "kernel arguments: write /etc/default/grub.d/99-cpupools.cfg" in reasons["kernel"], reasons
+    assert reasons["agent"] == [], reasons
+    assert fixed.changed() > 0 and dropin.read_text() == text
+    assert stage_tasks(fixed)["agent"] == 0
+    # The safety valve runs every stage, and they change nothing.
+    forced = site(cpupools_converged_check=False)
+    counts = stage_tasks(forced)
+    assert counts["kernel"] > 5 and counts["agent"] > 5, counts
+    assert forced.changed() == 0
