@@ -127,3 +127,21 @@ def tree_snapshot(root: Path) -> dict[str, tuple[str, int]]:
             st = path.stat()
             out[str(path.relative_to(root))] = (hashlib.sha256(path.read_bytes()).hexdigest(), st.st_mtime_ns)
     return out
+
+
+def plan_play_files(variables: dict, host: str = "localhost") -> dict:
+    """``cpupools_plan_result`` as the plan play hands it to the kernel and agent stages.
+
+    The stages write the files the plan play's module rendered
+    (``cpupools_plan_result.files``). A test that runs one stage's role on its
+    own, with a plan it gives as ``cpupools_plan``, gives these too: rendered
+    by the same functions, from the same variables and plan.
+    """
+    from cpupools.converge import desired_files, node_pid_namespace
+    from cpupools.inputs import validate_inputs
+    from cpupools.kargs import housekeeping_outputs
+
+    values = validate_inputs({k: v for k, v in variables.items() if k != "cpupools_plan"}).values
+    outputs = housekeeping_outputs(variables["cpupools_plan"])
+    files = desired_files(values, outputs, host, node_pid_namespace())
+    return {"files": {name: item.to_result() for name, item in files.items()}}

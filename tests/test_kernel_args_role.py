@@ -12,7 +12,7 @@ import pytest
 from cpupools import kargs
 from cpupools.plan import make_request, plan_pools
 from cpupools.topology import gather_topology
-from helpers import REPO, tree_snapshot
+from helpers import REPO, plan_play_files, tree_snapshot
 from test_kernel_args_module import FAKES, RELEASE, USER_GRUB, commands, contents, make_backend_root
 
 pytestmark = pytest.mark.slow
@@ -33,7 +33,7 @@ ROLE_PLAYBOOK = """
 
 def role_vars(root: Path, log: Path, **extra) -> dict:
     plan = plan_pools(gather_topology(str(root)), make_request({"num_exclusive_cores": 2, "num_shared_cores": 1}))
-    return {
+    variables = {
         "cpupools_root": str(root),
         "cpupools_plan": plan,
         "cpupools_kernel_args_backend": "grub",
@@ -44,6 +44,7 @@ def role_vars(root: Path, log: Path, **extra) -> dict:
         "cpupools_kubelet_dropin": True,
         **extra,
     }
+    return {**variables, "cpupools_plan_result": plan_play_files(variables)}
 
 
 def test_role_check_converge_idempotence_absent(make_root, playbook, tmp_path):

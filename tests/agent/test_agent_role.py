@@ -11,6 +11,7 @@ import time
 
 import pytest
 from agent_support import PLAN_2X, agent_env, tasks_of, tree_snapshot
+from helpers import plan_play_files
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +24,8 @@ PLAY = """
 
 
 def role_vars(root, **extra):
-    return {"cpupools_root": str(root), "cpupools_plan": PLAN_2X, "cpupools_reconcile_interval": 15, **extra}
+    variables = {"cpupools_root": str(root), "cpupools_plan": PLAN_2X, "cpupools_reconcile_interval": 15, **extra}
+    return {**variables, "cpupools_plan_result": plan_play_files(variables)}
 
 
 def test_install_is_idempotent_and_check_mode_is_honest(playbook, tmp_path):
@@ -102,3 +104,10 @@ def test_missing_plan_is_one_clear_message(playbook, tmp_path):
     assert res.rc != 0
     assert "host localhost: cpupools_plan: no plan for this host; run the cpupools_plan role first" in res.messages()
     assert list(tmp_path.glob("etc")) == []
+
+
+def test_a_plan_without_the_plan_plays_files_is_one_clear_message(playbook, tmp_path):
+    root = tmp_path / "root"
+    res = playbook(PLAY, {"cpupools_root": str(root), "cpupools_plan": PLAN_2X})
+    assert res.rc != 0 and not root.exists()
+    assert "host localhost: cpupools_plan_result: the plan play did not render this stage's files" in res.messages()

@@ -6,6 +6,7 @@ import subprocess
 
 import pytest
 from agent_support import PLAN_2X, agent_env, tasks_of, tree_snapshot
+from helpers import plan_play_files
 
 #: A v1.4-era pod spec: the variable is expanded by the shell CMK v1.4 ran the command through.
 V14_ARGS = ("echo", "--", "--cpus", "$CMK_CPUS_ASSIGNED")
@@ -75,7 +76,13 @@ PLAY = """
 @pytest.mark.slow
 def test_role_writes_the_node_default(playbook, tmp_path):
     root = tmp_path / "root"
-    extra = {"cpupools_root": str(root), "cpupools_plan": PLAN_2X, "cpupools_agent_isolate_shell": True}
+    base = {"cpupools_root": str(root), "cpupools_plan": PLAN_2X}
+
+    def with_files(**variables):  # what the plan play hands the stage for these variables
+        variables = {**base, **variables}
+        return {**variables, "cpupools_plan_result": plan_play_files(variables)}
+
+    extra = with_files(cpupools_agent_isolate_shell=True)
     res = playbook(PLAY, extra, "--check")
     assert res.rc == 0, res.stdout[-2000:]
     assert not root.exists() or list(root.iterdir()) == []
@@ -88,9 +95,9 @@ def test_role_writes_the_node_default(playbook, tmp_path):
     res = isolate(str(root / "opt/bin/cmk"), root / "etc/cmk", *V14_ARGS)
     assert (res.returncode, res.stdout) == (0, "--cpus 1\n")
     snap = tree_snapshot(root)  # isolate rewrote a tasks file
-    res = playbook(PLAY, dict(extra, cpupools_agent_isolate_shell=False), "--check", "--diff")
+    res = playbook(PLAY, with_files(cpupools_agent_isolate_shell=False), "--check", "--diff")
     assert res.rc == 0 and res.changed() == 1 and tree_snapshot(root) == snap
-    assert playbook(PLAY, dict(extra, cpupools_agent_isolate_shell=False)).changed() == 1
+    assert playbook(PLAY, with_files(cpupools_agent_isolate_shell=False)).changed() == 1
     assert settings.read_text().endswith("\nisolate_shell=0\n")
-    assert playbook(PLAY, dict(extra, cpupools_state="absent")).rc == 0
+    assert playbook(PLAY, with_files(cpupools_agent_isolate_shell=True, cpupools_state="absent")).rc == 0
     assert not (root / "etc/cmk").exists()
