@@ -29,6 +29,7 @@ SCENARIOS = {
     "resize": ROLE_STACK,
     "check": ROLE_STACK,
     "uninstall": ROLE_STACK,
+    "kubelet": (*ROLE_STACK, "playbooks/reboot.yml", "roles/cpupools_kubelet", "tests/fixtures/fake_kubelet.py"),
 }
 
 pytestmark = [pytest.mark.molecule, pytest.mark.slow]

@@ -112,6 +112,11 @@ def changed_tasks(res) -> list[str]:
     return [t["task"]["name"] for t in res.tasks() if any(h.get("changed") for h in t["hosts"].values())]
 
 
+def real_writes(kube: FakeKube) -> list:
+    """The cluster's writes, dry runs (which check mode may send) left out."""
+    return [r for r in kube.writes() if "dryRun" not in r.query]
+
+
 def snapshots(roots: dict[str, Path]) -> dict:
     return {node: tree_snapshot(root) for node, root in roots.items()}
 
@@ -147,9 +152,26 @@ def test_kubelet_runtime_end_to_end_with_the_reboot(playbook, tmp_path, cluster,
     assert [again.changed(node) for node in NODES] == [0, 0]
     assert snapshots(nodes) == written
 
+    # Check mode of the rollout: it predicts the drain, the kubelet's stop and start, the reboot and
+    # the uncordon, and neither touches a node nor writes to the cluster.
+    writes = len(real_writes(cluster))
+    check = playbook(REPO / "playbooks/reboot.yml", None, "--check", "--diff", inventory=inv)
+    assert check.rc == 0, check.messages() + check.stderr[-2000:]
+    assert snapshots(nodes) == written
+    assert len(real_writes(cluster)) == writes
+    assert [log_lines(root) for root in nodes.values()] == [["started", "running: policy none reserved -"]] * 2
+
     # The rolling reboot applies the kernel arguments and the kubelet change together.
     roll = playbook(REPO / "playbooks/reboot.yml", None, inventory=inv)
     assert roll.rc == 0, roll.messages() + roll.stderr[-2000:]
+    # The sandbox's stand-ins are commands, which check mode skips (on a real node
+    # ansible.builtin.reboot and systemd report the reboot and the stop they would make).
+    stand_ins = {
+        "cpupools_reboot : Boot the sandbox node with its boot configuration (stand-in for a reboot)",
+        "cpupools_kubelet : Stop the sandbox node's kubelet (stand-in for systemctl stop)",
+        "cpupools_kubelet : Start the sandbox node's kubelet (stand-in for systemctl start)",
+    }
+    assert sorted(set(changed_tasks(roll)) - stand_ins) == sorted(set(changed_tasks(check)))
     for node, root in nodes.items():
         state = json.loads((root / STATE).read_text())
         assert (state["policyName"], state["defaultCpuSet"]) == ("static", "0-15")
@@ -183,8 +205,13 @@ def test_kubelet_runtime_end_to_end_with_the_reboot(playbook, tmp_path, cluster,
     knob = {"cpupools_kubelet_topology_policy": "single-numa-node"}
     site = playbook(REPO / "site.yml", knob, inventory=inv)
     assert site.result(WRITE, "node-1")["restart_reason"] == "changed: topologyManagerPolicy"
+    settled, writes = snapshots(nodes), len(real_writes(cluster))
+    check = playbook(REPO / "playbooks/reboot.yml", knob, "--check", inventory=inv)
+    assert check.rc == 0, check.messages() + check.stderr[-2000:]
+    assert (snapshots(nodes), len(real_writes(cluster))) == (settled, writes)
     roll = playbook(REPO / "playbooks/reboot.yml", knob, inventory=inv)
     assert roll.rc == 0, roll.stdout[-3000:]
+    assert sorted(set(changed_tasks(roll)) - stand_ins) == sorted(set(changed_tasks(check)))
     for node, root in nodes.items():
         assert 'topologyManagerPolicy: "single-numa-node"' in (root / DROPIN).read_text()
         assert log_lines(root)[-3:] == ["stopped", "started", "running: policy static reserved 0,8"]
