@@ -6,6 +6,35 @@ import pytest
 from helpers import run_playbook
 from sysfs import CORPUS, Spec, write_tree
 
+#: The longest tests, longest first (``--durations``: 100-400 s each on two
+#: cores). xdist hands tests out in collection order; a long test collected
+#: late runs alone on one worker after the other has run out of work, which
+#: cost the suite minutes. So these start first, then every other ``slow``
+#: test (real playbook runs), then the quick ones fill the gaps at the end.
+LONGEST = (
+    "tests/playbook/test_converged.py::test_every_shape_and_transition",
+    "tests/agent/test_state_crash.py::test_a_kill_at_any_system_call",
+    "tests/playbook/test_check_mode.py::test_fresh_rerun_resize_uninstall",
+    "tests/playbook/test_kubelet_playbook.py::test_kubelet_runtime_end_to_end",
+    "tests/k8s/test_migrate_playbook.py::test_migrate_in_check_mode",
+    "tests/agent/test_isolate_shell.py::test_role_writes_the_node_default",
+    "tests/playbook/test_hugepages_playbook.py::test_check_then_converge",
+    "tests/agent/test_agent_faults.py::test_isolate_killed_at_every_call",
+    "tests/agent/test_agent_role.py::test_install_is_idempotent",
+    "tests/k8s/test_admission_role.py::test_uninstalling_some_nodes",
+    "tests/collection/",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item) -> int:
+        for index, prefix in enumerate(LONGEST):
+            if item.nodeid.startswith(prefix):
+                return index
+        return len(LONGEST) + (0 if item.get_closest_marker("slow") else 1)
+
+    items.sort(key=rank)  # stable: the collection order otherwise
+
 
 @pytest.fixture(scope="session")
 def corpus_root(tmp_path_factory):
