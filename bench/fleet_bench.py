@@ -23,7 +23,7 @@ from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO / "module_utils"), str(REPO / "tests" / "fixtures")]
+sys.path[:0] = [str(REPO / "plugins" / "module_utils"), str(REPO / "tests" / "fixtures")]
 
 from sysfs import Spec, write_tree  # noqa: E402
 

@@ -32,7 +32,7 @@ options:
     elements: str
     default: [default, intel-cmk]
 extends_documentation_fragment:
-  - cpupools_kube
+  - cpupools.cpupools.cpupools_kube
 attributes:
   check_mode:
     support: full
@@ -78,11 +78,16 @@ server:
 """
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible.module_utils.cpupools.cmk_retire import retire
-from ansible.module_utils.cpupools.errors import CpupoolsError
-from ansible.module_utils.cpupools.k8s import check_node_name
-from ansible.module_utils.cpupools.k8s_apply import Api
-from ansible.module_utils.cpupools_kube import CONNECTION_ARGS, HAS_KUBERNETES, KUBERNETES_IMPORT_ERROR, connect
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.cmk_retire import retire
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.errors import CpupoolsError
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.k8s import check_node_name
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.k8s_apply import Api
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools_kube import (
+    CONNECTION_ARGS,
+    HAS_KUBERNETES,
+    KUBERNETES_IMPORT_ERROR,
+    connect,
+)
 
 ARGUMENT_SPEC = {
     "nodes": {"type": "list", "elements": "str", "required": True},

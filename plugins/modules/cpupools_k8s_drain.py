@@ -43,7 +43,7 @@ attributes:
   diff_mode:
     support: none
 extends_documentation_fragment:
-  - cpupools_kube
+  - cpupools.cpupools.cpupools_kube
 author:
   - cpupools contributors
 """
@@ -99,10 +99,15 @@ blocked_retries:
 """
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible.module_utils.cpupools.errors import CpupoolsError
-from ansible.module_utils.cpupools.k8s import check_node_name
-from ansible.module_utils.cpupools.k8s_apply import Api, drain, set_unschedulable
-from ansible.module_utils.cpupools_kube import CONNECTION_ARGS, HAS_KUBERNETES, KUBERNETES_IMPORT_ERROR, connect
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.errors import CpupoolsError
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.k8s import check_node_name
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.k8s_apply import Api, drain, set_unschedulable
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools_kube import (
+    CONNECTION_ARGS,
+    HAS_KUBERNETES,
+    KUBERNETES_IMPORT_ERROR,
+    connect,
+)
 
 ARGUMENT_SPEC = {
     "node_name": {"type": "str", "required": True},

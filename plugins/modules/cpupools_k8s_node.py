@@ -77,7 +77,7 @@ attributes:
     support: full
     description: Shows the node's labels, taints and our capacity before and after.
 extends_documentation_fragment:
-  - cpupools_kube
+  - cpupools.cpupools.cpupools_kube
 author:
   - cpupools contributors
 """
@@ -140,8 +140,8 @@ conflicts:
 """
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible.module_utils.cpupools.errors import CpupoolsError
-from ansible.module_utils.cpupools.k8s import (
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.errors import CpupoolsError
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.k8s import (
     DEFAULT_ENI_RESOURCE,
     DEFAULT_EXCLUSIVE_RESOURCE,
     DEFAULT_LABEL_DOMAIN,
@@ -149,8 +149,19 @@ from ansible.module_utils.cpupools.k8s import (
     desired_node,
     layout_object,
 )
-from ansible.module_utils.cpupools.k8s_apply import Api, ensure_crd, ensure_layout, ensure_node, remove_layout
-from ansible.module_utils.cpupools_kube import CONNECTION_ARGS, HAS_KUBERNETES, KUBERNETES_IMPORT_ERROR, connect
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.k8s_apply import (
+    Api,
+    ensure_crd,
+    ensure_layout,
+    ensure_node,
+    remove_layout,
+)
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools_kube import (
+    CONNECTION_ARGS,
+    HAS_KUBERNETES,
+    KUBERNETES_IMPORT_ERROR,
+    connect,
+)
 
 ARGUMENT_SPEC = {
     "node_name": {"type": "str", "required": True},

@@ -135,8 +135,8 @@ import grp
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.cpupools.errors import CpupoolsError
-from ansible.module_utils.cpupools.state_writer import converge
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.errors import CpupoolsError
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.state_writer import converge
 
 ARGUMENT_SPEC = {
     "root": {"type": "path", "default": "/"},
