@@ -1,4 +1,6 @@
 #!/usr/bin/python
+# Copyright: the cpupools authors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Ansible module: remove CMK's cluster pieces from nodes cpupools has adopted."""
 
 DOCUMENTATION = r"""
@@ -36,9 +38,12 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: full
+    description: Sends only GET requests and reports what would be removed.
   diff_mode:
     support: full
-    details: the objects present before and after
+    description: Shows the CMK objects present before and after.
+author:
+  - The cpupools authors (@cpupools)
 """
 
 EXAMPLES = r"""

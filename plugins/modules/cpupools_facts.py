@@ -36,12 +36,15 @@ options:
 attributes:
   check_mode:
     support: full
+    description: Only reads; runs the same in check mode.
   diff_mode:
     support: none
+    description: Changes nothing, so there is no diff.
   facts:
     support: full
+    description: Returns the topology as the fact C(ansible_facts.cpupools).
 author:
-  - cpupools authors
+  - The cpupools authors (@cpupools)
 """
 
 EXAMPLES = r"""

@@ -1,4 +1,6 @@
 #!/usr/bin/python
+# Copyright: the cpupools authors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Ansible module: cordon, drain (Eviction API) and uncordon a Kubernetes node around a reboot."""
 
 DOCUMENTATION = r"""
@@ -42,10 +44,11 @@ attributes:
     description: Sends only GET requests and reports what would be cordoned and evicted.
   diff_mode:
     support: none
+    description: Reports the cordon and the evictions in its result, not as a diff.
 extends_documentation_fragment:
   - cpupools.cpupools.cpupools_kube
 author:
-  - cpupools contributors
+  - The cpupools authors (@cpupools)
 """
 
 EXAMPLES = r"""

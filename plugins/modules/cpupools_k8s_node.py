@@ -1,4 +1,6 @@
 #!/usr/bin/python
+# Copyright: the cpupools authors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Ansible module: the cpupools label, taint, extended resources and published layout of a Node."""
 
 DOCUMENTATION = r"""
@@ -79,7 +81,7 @@ attributes:
 extends_documentation_fragment:
   - cpupools.cpupools.cpupools_kube
 author:
-  - cpupools contributors
+  - The cpupools authors (@cpupools)
 """
 
 EXAMPLES = r"""

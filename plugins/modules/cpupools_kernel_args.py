@@ -1,4 +1,6 @@
 #!/usr/bin/python
+# Copyright: the cpupools authors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Ansible module: write the kernel arguments derived from the CPU pool plan."""
 
 DOCUMENTATION = r"""
@@ -124,7 +126,7 @@ attributes:
     support: full
     description: Shows the old and new kernel command line, and the old and new file.
 author:
-  - cpupools contributors
+  - The cpupools authors (@cpupools)
 """
 
 EXAMPLES = r"""
@@ -195,7 +197,7 @@ boot_config:
 actions:
   description: >-
     Every change made, in order (or, in check mode, that a real run makes): files written or removed,
-    commands run. RV(changed) is true exactly when this list is not empty.
+    commands run. C(changed) is true exactly when this list is not empty.
   type: list
   elements: str
   returned: always

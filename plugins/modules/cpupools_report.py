@@ -21,8 +21,8 @@ options:
     description:
       - One dict per host, in the order to show them.
       - C(host) (str, required) inventory name; C(topology) the facts of
-        M(cpupools_facts) (C(ansible_facts.cpupools)); C(plan) the plan of
-        M(cpupools_plan) (fact C(cpupools_plan)); C(kernel) the kernel
+        M(cpupools.cpupools.cpupools_facts) (C(ansible_facts.cpupools)); C(plan) the plan of
+        M(cpupools.cpupools.cpupools_plan) (fact C(cpupools_plan)); C(kernel) the kernel
         argument status (C(reboot_required), C(pending),
         C(desired_cmdline_args)); C(state) the pool state status (C(present),
         C(pools), C(tasks)); C(k8s) the Kubernetes status (C(enabled),
@@ -54,14 +54,16 @@ options:
 attributes:
   check_mode:
     support: full
+    description: Renders the report but writes no file.
     details: Renders and says whether the HTML file would change; writes nothing.
   diff_mode:
     support: partial
+    description: Shows which HTML file changes, by size and checksum.
     details: >-
       The diff names the HTML file and its size and SHA-1 before and after,
       not the markup itself, which would bury the rest of a C(--diff) run.
 author:
-  - cpupools authors
+  - The cpupools authors (@cpupools)
 """
 
 EXAMPLES = r"""

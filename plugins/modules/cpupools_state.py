@@ -79,10 +79,12 @@ options:
 attributes:
   check_mode:
     support: full
+    description: Reads the state directory and reports what would change; writes nothing.
   diff_mode:
     support: full
+    description: Shows the state files before and after.
 author:
-  - cpupools authors
+  - The cpupools authors (@cpupools)
 """
 
 EXAMPLES = r"""
