@@ -12,7 +12,7 @@ step() { printf '\n== %s\n' "$*"; }
 step "system packages"
 ./scripts/setup-system.sh
 step "virtual environment"
-./scripts/bootstrap.sh
+./scripts/bootstrap.sh dev
 if [ "$(id -u)" = 0 ]; then
     step "molecule platform: podman, runc, the systemd base image"
     ./scripts/setup-molecule.sh
