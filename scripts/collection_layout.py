@@ -24,8 +24,9 @@ What it does, and nothing else (idempotent: a second run does nothing):
    pieces ``"module_utils"`` and ``"library"`` joined onto the repository root
    (``REPO / "module_utils"``, ``os.path.join(HERE, "..", "module_utils")``)
    gain their ``"plugins"`` parent (``"library"`` becomes ``"modules"``);
-4. in YAML and shell files: ``/module_utils/cpupools`` and ``library/*.py``
-   path tails get their ``plugins/`` parent.
+4. in YAML, shell and Markdown files: the paths ``module_utils/cpupools``,
+   ``library/*.py`` and ``library/cpupools_<name>.py`` get their ``plugins/``
+   parent (``library/`` becoming ``plugins/modules/``).
 
 ``plugins/module_utils/cpupools/`` itself is never rewritten: it imports only
 the standard library and itself (relatively), so that the node agent zipapp
@@ -50,6 +51,8 @@ MOVES = (
     ("module_utils", "plugins/module_utils"),
     ("doc_fragments", "plugins/doc_fragments"),
 )
+# Files that spell the old layout on purpose (to describe or test the conversion).
+OLD_ON_PURPOSE = ("scripts/collection_layout.py", "tests/collection/test_collection.py", "docs/collection.md")
 SKIP_DIRS = {".git", ".venv", "sandbox", "build", ".ansible", "collections", "__pycache__", "reports", ".ruff_cache"}
 
 # 2. module imports and the documentation fragment
@@ -58,7 +61,7 @@ FRAGMENT_RE = re.compile(r"^(\s*(?:-\s+|extends_documentation_fragment:\s+))cpup
 # 3. path pieces in Python: `/ "module_utils"` or `, "module_utils"` not already after "plugins"
 PY_PATH_RE = re.compile(r"""(?P<before>["']?)(?P<sep>\s*(?:/|,)\s*)(?P<q>["'])(?P<dir>module_utils|library)(?P=q)""")
 # 4. path tails in YAML and shell
-TEXT_PATH_RE = re.compile(r"(?<![\w/])(/?)(module_utils/cpupools|library/\*\.py)")
+TEXT_PATH_RE = re.compile(r"(?<![\w/])(/?)(module_utils/cpupools|library/(?:\*|cpupools_\w+)\.py)")
 
 
 def _rewrite_module(text: str) -> str:
@@ -118,13 +121,13 @@ def plan_rewrites(root: str) -> list[tuple[str, str]]:
         rel = os.path.relpath(path, root).replace(os.sep, "/")
         if rel.startswith(("plugins/module_utils/cpupools/", "module_utils/cpupools/")):
             continue
-        if rel == "scripts/collection_layout.py":
+        if rel in OLD_ON_PURPOSE:
             continue
         if rel.startswith(("plugins/", "library/", "module_utils/", "doc_fragments/")) and rel.endswith(".py"):
             rewrite = _rewrite_module
         elif rel.endswith(".py"):
             rewrite = _rewrite_py_paths
-        elif rel.endswith((".yml", ".yaml", ".sh", ".cfg")) or rel in (".ci/run",):
+        elif rel.endswith((".yml", ".yaml", ".sh", ".cfg", ".md")) or rel in (".ci/run",):
             rewrite = _rewrite_text_paths
         else:
             continue
