@@ -332,3 +332,25 @@ def test_layout_script_converts_a_branch_of_the_old_layout(tmp_path):
     again = subprocess.run([*script, "--check"], capture_output=True, text=True, check=False)
     assert again.returncode == 0, again.stdout
     shutil.rmtree(root)
+
+
+def test_install_from_git_builds_the_same_collection(tmp_path):
+    if subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, check=False).returncode:
+        pytest.skip("not a git checkout")
+    collections = tmp_path / "collections"
+    collections.mkdir()
+    env = _clean_env(tmp_path, VENV_BIN, collections)
+    proc = _run(
+        [VENV_BIN / "ansible-galaxy", "collection", "install", "-p", collections, f"git+file://{REPO},HEAD"],
+        cwd=tmp_path,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    coll = collections / "ansible_collections" / NS / NAME
+    manifest = json.loads((coll / "MANIFEST.json").read_text())
+    assert manifest["collection_info"]["version"] == _galaxy_version()
+    files = {entry["name"] for entry in json.loads((coll / "FILES.json").read_text())["files"]}
+    assert "playbooks/site.yml" in files and "plugins/modules/cpupools_plan.py" in files
+    assert not {f for f in files if f.startswith(("tests/unit", "molecule", "collections", ".venv", "sandbox"))}
+    doc = _run([VENV_BIN / "ansible-doc", "-t", "module", f"{NS}.{NAME}.cpupools_plan"], cwd=tmp_path, env=env)
+    assert doc.returncode == 0 and str(coll) in doc.stdout, doc.stdout + doc.stderr
