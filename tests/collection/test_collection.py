@@ -178,6 +178,7 @@ def test_tarball_holds_the_collection_and_nothing_of_the_checkout(tmp_path):
     roles = sorted(p.name for p in (REPO / "roles").iterdir() if p.is_dir())
     expected = {
         "MANIFEST.json",
+        "CHANGELOG.md",
         "FILES.json",
         "README.md",
         "meta/runtime.yml",
