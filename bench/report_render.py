@@ -14,9 +14,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.join(HERE, "..", "plugins", "module_utils"), os.path.join(HERE, "..", "tests", "fixtures")]
 
 from cpupools.plan import make_request, plan_pools  # noqa: E402
-from cpupools.report import analyse, html_page, text_lines  # noqa: E402
+from cpupools.report import TEMPLATE, analyse, page_model, render_page, text_lines  # noqa: E402
 from cpupools.topology import gather_topology  # noqa: E402
 from sysfs import CORPUS, write_tree  # noqa: E402
+
+PAGE = os.path.join(HERE, "..", "roles", "cpupools_report", "templates", TEMPLATE)
 
 
 def main() -> None:
@@ -31,7 +33,7 @@ def main() -> None:
         start = time.perf_counter()
         views = analyse(hosts)
         lines = text_lines(views)
-        page = html_page(views)
+        page = render_page(page_model(views), PAGE)
         took = time.perf_counter() - start
         print(
             f"{count} hosts of {name}: {took:.2f} s ({took / count * 1000:.1f} ms/host), "

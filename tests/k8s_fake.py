@@ -41,6 +41,14 @@ server's rules wherever a forgiving fake would let a bug through:
   that changes something (a no-op patch or identical PUT bumps neither it nor
   ``generation``, which counts spec changes); a stale one is a 409;
   ``?dryRun=All`` answers as if done and stores nothing;
+- ``admissionregistration.k8s.io``: discovery (``/apis/admissionregistration.k8s.io``
+  and each version's resource list) and ``mutatingadmissionpolicies`` /
+  ``mutatingadmissionpolicybindings`` in the versions of ``admission_versions``
+  (v1.36: ``v1``; a 1.34/1.35 server with the feature gate: ``v1beta1``; older:
+  none), validated like v1.36: required fields (422 naming each), enum
+  values, CEL that does not parse, unknown fields (``fieldValidation=Strict``:
+  400; otherwise dropped with a warning), server defaults filled in; one
+  stored object served by every enabled version;
 - authorization: a bearer ``token`` (unrestricted), more ``tokens`` mapped to
   users, or TLS client certificates; a ``system:node:<name>`` user (a kubelet)
   may read and patch only its own Node (Node authorizer + NodeRestriction).
@@ -506,6 +514,9 @@ class FakeKube:
     evict_linger: int = 0  # pod reads an evicted pod stays visible (terminating) for
     crd_establish_delay: float = 0.3  # seconds from a CRD's creation to Established (and its group served)
     version: str = "v1.36.1"
+    # admissionregistration.k8s.io versions serving MutatingAdmissionPolicy ("v1" from 1.36; () before 1.34)
+    admission_versions: tuple = ("v1",)
+    admission: dict = field(default_factory=dict)  # (plural, name) -> MutatingAdmissionPolicy[Binding]
 
     def __post_init__(self) -> None:
         self._rv = 1000
@@ -846,7 +857,12 @@ class FakeKube:
 
     def _nodes(self, method, query, ctype, body):
         if method == "GET":
-            items = [copy.deepcopy(n) for _, n in sorted(self.nodes.items())]
+            selector = _label_selector(query.get("labelSelector", [""])[0])
+            items = [
+                copy.deepcopy(n)
+                for _, n in sorted(self.nodes.items())
+                if _selected(n["metadata"].get("labels") or {}, selector)
+            ]
             return 200, {
                 "kind": "NodeList",
                 "apiVersion": "v1",
@@ -1308,6 +1324,9 @@ class FakeKube:
                     409, f'{resource} "{name}" already exists', "AlreadyExists", {"name": name, "kind": plural}
                 )
             fields = {k: v for k, v in body.items() if k not in ("apiVersion", "kind", "metadata")}
+            kept = {k: v for k, v in body["metadata"].items() if k in ("labels", "annotations")}
+            if kept:
+                fields["metadata"] = kept
             return 201, copy.deepcopy(self.add_resource(api, plural, name, ns, kind=kind, **fields))
         current = self.resources.get((api, plural, ns, name))
         if current is None:
@@ -1315,10 +1334,21 @@ class FakeKube:
         if method == "GET":
             return 200, copy.deepcopy(current)
         if method == "DELETE":
+            wanted = ((body or {}).get("preconditions") or {}).get("resourceVersion")
+            if wanted and wanted != current["metadata"]["resourceVersion"]:
+                raise self._conflict(resource, name)
             del self.resources[(api, plural, ns, name)]
             self._rv += 1
             return 200, status_body(200, "", "", {"name": name, "kind": plural})
-        raise ApiError(405, "only get and delete are served on single objects of this collection in this fake")
+        if method == "PUT":  # a replace: same kind and name, guarded by the resourceVersion it carries
+            if not isinstance(body, dict) or body.get("kind") != kind or body.get("metadata", {}).get("name") != name:
+                raise ApiError(400, f"the body must be a {kind} named {name}")
+            self._precondition(current, body, resource, name)
+            new = copy.deepcopy(body)
+            new["apiVersion"] = api
+            new["metadata"].update({k: current["metadata"][k] for k in SYSTEM_META if k in current["metadata"]})
+            return self._store(self.resources, (api, plural, ns, name), current, new)
+        raise ApiError(405, "only get, replace and delete are served on single objects of this collection in this fake")
 
     def _builtin(self, method, query, ctype, body, api, namespace, plural, name):
         entry = BUILTIN.get((api, plural))
@@ -1331,6 +1361,112 @@ class FakeKube:
 
     def _cluster(self, method, query, ctype, body, group, version, plural, name):
         return self._group(method, query, ctype, body, group, version, None, plural, name)
+
+    # -- admissionregistration.k8s.io: MutatingAdmissionPolicy and its binding
+    def _admission_group(self, method, query, ctype, body):
+        versions = ["v1"] + [v for v in ("v1beta1", "v1alpha1") if v in self.admission_versions]
+        return 200, {
+            "kind": "APIGroup",
+            "apiVersion": "v1",
+            "name": ADMISSION_GROUP,
+            "versions": [{"groupVersion": f"{ADMISSION_GROUP}/{v}", "version": v} for v in versions],
+            "preferredVersion": {"groupVersion": f"{ADMISSION_GROUP}/v1", "version": "v1"},
+        }
+
+    def _admission_resources(self, method, query, ctype, body, version):
+        if version != "v1" and version not in self.admission_versions:
+            raise PageNotFound()
+        names = [
+            ("mutatingwebhookconfigurations", "MutatingWebhookConfiguration"),
+            ("validatingwebhookconfigurations", "ValidatingWebhookConfiguration"),
+            ("validatingadmissionpolicies", "ValidatingAdmissionPolicy"),
+            ("validatingadmissionpolicybindings", "ValidatingAdmissionPolicyBinding"),
+        ]
+        if version != "v1":
+            names = []
+        if version in self.admission_versions:
+            names += [(p, k) for p, (k, _) in ADMISSION_KINDS.items()]
+        verbs = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
+        return 200, {
+            "kind": "APIResourceList",
+            "apiVersion": "v1",
+            "groupVersion": f"{ADMISSION_GROUP}/{version}",
+            "resources": [
+                {"name": p, "singularName": "", "namespaced": False, "kind": k, "verbs": verbs} for p, k in names
+            ],
+        }
+
+    def _admission(self, method, query, ctype, body, version, plural, name):
+        if version not in self.admission_versions:
+            if version == "v1":
+                raise ApiError(404, "the server could not find the requested resource")
+            raise PageNotFound()
+        kind, validate = ADMISSION_KINDS[plural]
+        resource = f"{plural}.{ADMISSION_GROUP}"
+        api = f"{ADMISSION_GROUP}/{version}"
+        strict = query.get("fieldValidation", ["Warn"])[0]
+
+        def served(obj: dict) -> dict:
+            return dict(copy.deepcopy(obj), apiVersion=api)
+
+        if name is None:
+            if method == "GET":
+                items = [served(o) for (p, _), o in sorted(self.admission.items()) if p == plural]
+                return 200, {"kind": f"{kind}List", "apiVersion": api, "metadata": {}, "items": items}
+            if method != "POST":
+                raise ApiError(405, "method not allowed")
+            obj = self._admission_object(body, api, kind, resource, validate, strict)
+            _no_resource_version(obj)
+            name = obj["metadata"]["name"]
+            if (plural, name) in self.admission:
+                raise ApiError(409, f'{resource} "{name}" already exists', "AlreadyExists", {"name": name})
+            obj["metadata"] = self._meta(name, **{k: v for k, v in obj["metadata"].items() if k != "name"})
+            obj["metadata"]["generation"] = 1
+            self.admission[(plural, name)] = obj
+            return 201, served(obj)
+        current = self.admission.get((plural, name))
+        if current is None:
+            raise ApiError(404, f'{resource} "{name}" not found', "NotFound", {"name": name, "kind": plural})
+        if method == "GET":
+            return 200, served(current)
+        if method == "DELETE":
+            del self.admission[(plural, name)]
+            self._rv += 1
+            return 200, status_body(200, "", "", {"name": name, "group": ADMISSION_GROUP, "kind": plural})
+        if method != "PUT":
+            raise ApiError(405, "only get, create, update (PUT) and delete are served here in this fake")
+        obj = self._admission_object(body, api, kind, resource, validate, strict)
+        if obj["metadata"].get("name") != name:
+            raise ApiError(400, "the name of the object does not match the name on the URL")
+        self._precondition(current, obj, resource, name)
+        obj["metadata"].update({k: current["metadata"][k] for k in ("uid", "creationTimestamp", "generation")})
+        obj["apiVersion"] = current["apiVersion"]
+        code, stored = self._store(self.admission, (plural, name), current, obj)
+        return code, served(stored)
+
+    def _admission_object(self, body, api, kind, resource, validate, strict) -> dict:
+        if not isinstance(body, dict) or body.get("apiVersion") != api or body.get("kind") != kind:
+            raise ApiError(400, f"the body must be a {api} {kind}")
+        unknown: list[str] = []
+        obj = _known_fields(body, ADMISSION_SCHEMAS[kind], "", unknown)
+        if unknown and strict == "Strict":
+            raise ApiError(400, "strict decoding error: " + ", ".join(f'unknown field "{u}"' for u in unknown))
+        if strict != "Ignore":
+            self._warnings += [f'unknown field "{u}"' for u in unknown]
+        name = (obj.get("metadata") or {}).get("name") or ""
+        errors = validate(obj)
+        if not name:
+            errors.insert(0, "metadata.name: Required value: name or generateName is required")
+        elif len(name) > 253 or not _DNS1123_SUBDOMAIN.match(name):
+            errors.insert(0, f'metadata.name: Invalid value: "{name}": must be a lowercase RFC 1123 subdomain')
+        if errors:
+            raise ApiError(
+                422,
+                f'{resource} "{name}" is invalid: [' + ", ".join(errors) + "]",
+                "Invalid",
+                {"name": name, "group": ADMISSION_GROUP, "kind": resource.split(".")[0]},
+            )
+        return _admission_defaults(obj)
 
     def _group(self, method, query, ctype, body, group, version, namespace, plural, name):
         api = f"{group}/{version}"
@@ -1367,6 +1503,265 @@ class FakeKube:
         if validation != "Ignore":
             self._warnings += [f'unknown field "{u}"' for u in unknown]
         return {"apiVersion": body["apiVersion"], "kind": kind, "metadata": metadata, **pruned}
+
+
+# admissionregistration.k8s.io: MutatingAdmissionPolicy(Binding) as v1.36 validates it ----------
+
+ADMISSION_GROUP = "admissionregistration.k8s.io"
+_ANY = "any"
+_STR = "string"
+_STRS = [_STR]
+_META = {
+    k: _ANY
+    for k in (
+        "name",
+        "generateName",
+        "namespace",
+        "uid",
+        "resourceVersion",
+        "generation",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "labels",
+        "annotations",
+        "ownerReferences",
+        "finalizers",
+        "managedFields",
+    )
+}
+_SELECTOR = {"matchLabels": _ANY, "matchExpressions": [{"key": _STR, "operator": _STR, "values": _STRS}]}
+_RULE = {
+    "apiGroups": _STRS,
+    "apiVersions": _STRS,
+    "operations": _STRS,
+    "resources": _STRS,
+    "resourceNames": _STRS,
+    "scope": _STR,
+}
+_MATCH = {
+    "namespaceSelector": _SELECTOR,
+    "objectSelector": _SELECTOR,
+    "resourceRules": [_RULE],
+    "excludeResourceRules": [_RULE],
+    "matchPolicy": _STR,
+}
+_EXPRESSION = {"expression": _STR}
+ADMISSION_SCHEMAS = {
+    "MutatingAdmissionPolicy": {
+        "apiVersion": _STR,
+        "kind": _STR,
+        "metadata": _META,
+        "spec": {
+            "paramKind": {"apiVersion": _STR, "kind": _STR},
+            "matchConstraints": _MATCH,
+            "variables": [{"name": _STR, "expression": _STR}],
+            "mutations": [{"patchType": _STR, "applyConfiguration": _EXPRESSION, "jsonPatch": _EXPRESSION}],
+            "failurePolicy": _STR,
+            "matchConditions": [{"name": _STR, "expression": _STR}],
+            "reinvocationPolicy": _STR,
+        },
+    },
+    "MutatingAdmissionPolicyBinding": {
+        "apiVersion": _STR,
+        "kind": _STR,
+        "metadata": _META,
+        "spec": {
+            "policyName": _STR,
+            "paramRef": {"name": _STR, "namespace": _STR, "selector": _SELECTOR, "parameterNotFoundAction": _STR},
+            "matchResources": _MATCH,
+        },
+    },
+}
+_OPERATIONS = ("CREATE", "UPDATE", "CONNECT", "*")
+_CEL_TYPE = re.compile(r"\b((?:Object(?:\.[A-Za-z_][A-Za-z0-9_]*)*)|JSONPatch)\s*\{")
+_CEL_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _known_fields(value: object, schema: object, path: str, unknown: list[str]) -> object:
+    """``value`` without the fields ``schema`` does not know (their paths go to ``unknown``)."""
+    if schema == _ANY or value is None:
+        return value
+    if isinstance(schema, list):
+        if not isinstance(value, list):
+            raise ApiError(400, f"json: cannot unmarshal {type(value).__name__} into Go field {path} of type array")
+        return [_known_fields(v, schema[0], f"{path}[{i}]", unknown) for i, v in enumerate(value)]
+    if isinstance(schema, dict):
+        if not isinstance(value, dict):
+            raise ApiError(400, f"json: cannot unmarshal {type(value).__name__} into Go field {path} of type object")
+        kept = {}
+        for key, item in value.items():
+            where = f"{path}.{key}" if path else key
+            if key in schema:
+                kept[key] = _known_fields(item, schema[key], where, unknown)
+            else:
+                unknown.append(where)
+        return kept
+    if not isinstance(value, str):
+        raise ApiError(400, f"json: cannot unmarshal {type(value).__name__} into Go field {path} of type string")
+    return value
+
+
+def _cel_error(expression: object) -> str | None:
+    """Why the server's CEL compiler would refuse ``expression`` (syntax only), or ``None``."""
+    import celpy  # the test dependency that also evaluates the policies (tests/k8s/cel_support.py)
+
+    if not isinstance(expression, str) or not expression.strip():
+        return "Required value"
+    try:
+        celpy.Environment().compile(_CEL_TYPE.sub(lambda m: m.group(1).replace(".", "__") + "{", expression))
+    except celpy.CELParseError as exc:
+        return f"Invalid value: compilation failed: {str(exc).splitlines()[0]}"
+    return None
+
+
+def _rules_errors(rules: object, path: str, required: bool) -> list[str]:
+    if not rules:
+        return [f"{path}: Required value"] if required else []
+    errors = []
+    for i, rule in enumerate(rules):
+        where = f"{path}[{i}]"
+        for key in ("apiGroups", "apiVersions", "operations", "resources"):
+            if not rule.get(key):
+                errors.append(f"{where}.{key}: Required value")
+        for j, op in enumerate(rule.get("operations") or []):
+            if op not in _OPERATIONS:
+                errors.append(
+                    f'{where}.operations[{j}]: Unsupported value: "{op}": supported values: '
+                    + ", ".join(f'"{o}"' for o in _OPERATIONS)
+                )
+        if rule.get("scope", "*") not in ("Cluster", "Namespaced", "*"):
+            errors.append(f'{where}.scope: Unsupported value: "{rule["scope"]}"')
+    return errors
+
+
+def _enum_error(path: str, value: object, allowed: tuple[str, ...], required: bool) -> list[str]:
+    if value is None:
+        return [f"{path}: Required value"] if required else []
+    if value not in allowed:
+        return [f'{path}: Unsupported value: "{value}": supported values: ' + ", ".join(f'"{a}"' for a in allowed)]
+    return []
+
+
+def _validate_policy(obj: dict) -> list[str]:
+    spec = obj.get("spec") or {}
+    errors = []
+    match = spec.get("matchConstraints")
+    if not match:
+        errors.append("spec.matchConstraints: Required value")
+    else:
+        errors += _rules_errors(match.get("resourceRules"), "spec.matchConstraints.resourceRules", True)
+        errors += _rules_errors(match.get("excludeResourceRules"), "spec.matchConstraints.excludeResourceRules", False)
+        errors += _enum_error(
+            "spec.matchConstraints.matchPolicy", match.get("matchPolicy"), ("Exact", "Equivalent"), False
+        )
+    mutations = spec.get("mutations")
+    if not mutations:
+        errors.append("spec.mutations: Required value: mutations must contain at least one item")
+    for i, m in enumerate(mutations or []):
+        where = f"spec.mutations[{i}]"
+        kind = m.get("patchType")
+        errors += _enum_error(f"{where}.patchType", kind, ("ApplyConfiguration", "JSONPatch"), True)
+        for key, owner in (("applyConfiguration", "ApplyConfiguration"), ("jsonPatch", "JSONPatch")):
+            if kind == owner and key not in m:
+                errors.append(f"{where}.{key}: Required value")
+            elif kind != owner and key in m:
+                errors.append(f"{where}.{key}: Forbidden: must not be set when patchType is {kind}")
+            elif key in m:
+                problem = _cel_error(m[key].get("expression"))
+                if problem:
+                    errors.append(f"{where}.{key}.expression: {problem}")
+    errors += _enum_error("spec.failurePolicy", spec.get("failurePolicy"), ("Ignore", "Fail"), False)
+    errors += _enum_error("spec.reinvocationPolicy", spec.get("reinvocationPolicy"), ("Never", "IfNeeded"), True)
+    seen: set = set()
+    for i, cond in enumerate(spec.get("matchConditions") or []):
+        where = f"spec.matchConditions[{i}]"
+        name = cond.get("name") or ""
+        if not name:
+            errors.append(f"{where}.name: Required value")
+        elif qualified_name_error(name):
+            errors.append(f'{where}.name: Invalid value: "{name}": {qualified_name_error(name)}')
+        elif name in seen:
+            errors.append(f'{where}.name: Duplicate value: "{name}"')
+        seen.add(name)
+        problem = _cel_error(cond.get("expression"))
+        if problem:
+            errors.append(f"{where}.expression: {problem}")
+    for i, var in enumerate(spec.get("variables") or []):
+        if not _CEL_IDENT.match(var.get("name") or ""):
+            errors.append(f'spec.variables[{i}].name: Invalid value: "{var.get("name")}": must be a CEL identifier')
+        problem = _cel_error(var.get("expression"))
+        if problem:
+            errors.append(f"spec.variables[{i}].expression: {problem}")
+    kind = spec.get("paramKind")
+    if kind is not None and (not kind.get("apiVersion") or not kind.get("kind")):
+        errors.append("spec.paramKind: Required value: apiVersion and kind are required")
+    return errors
+
+
+def _validate_binding(obj: dict) -> list[str]:
+    spec = obj.get("spec") or {}
+    errors = [] if spec.get("policyName") else ["spec.policyName: Required value"]
+    ref = spec.get("paramRef")
+    if ref is not None:
+        if not ref.get("name") and ref.get("selector") is None:
+            errors.append("spec.paramRef: Required value: one of name or selector must be set")
+        errors += _enum_error(
+            "spec.paramRef.parameterNotFoundAction", ref.get("parameterNotFoundAction"), ("Allow", "Deny"), True
+        )
+    match = spec.get("matchResources")
+    if match:
+        errors += _rules_errors(match.get("resourceRules"), "spec.matchResources.resourceRules", False)
+        errors += _rules_errors(match.get("excludeResourceRules"), "spec.matchResources.excludeResourceRules", False)
+    return errors
+
+
+def _admission_defaults(obj: dict) -> dict:
+    """What the server fills in on create and update."""
+    spec = obj.setdefault("spec", {})
+    for key in ("matchConstraints", "matchResources"):
+        match = spec.get(key)
+        if isinstance(match, dict):
+            match.setdefault("matchPolicy", "Equivalent")
+            match.setdefault("namespaceSelector", {})
+            match.setdefault("objectSelector", {})
+            for rule in match.get("resourceRules") or []:
+                rule.setdefault("scope", "*")
+    if obj.get("kind") == "MutatingAdmissionPolicy":
+        spec.setdefault("failurePolicy", "Fail")
+    return obj
+
+
+#: plural -> (kind, validator)
+ADMISSION_KINDS = {
+    "mutatingadmissionpolicies": ("MutatingAdmissionPolicy", _validate_policy),
+    "mutatingadmissionpolicybindings": ("MutatingAdmissionPolicyBinding", _validate_binding),
+}
+
+
+def _label_selector(text: str) -> list[tuple[str, str, str]]:
+    """``labelSelector`` terms as ``(key, op, value)``: ``k=v``, ``k==v``, ``k!=v``, ``k``, ``!k``."""
+    terms = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        match = re.fullmatch(r"(!?)([^=!]+?)\s*(?:(==|=|!=)\s*(.*))?", part)
+        if not match or (match.group(1) and match.group(3)):
+            raise ApiError(400, f"unable to parse requirement: {part!r}")
+        bang, key, op, value = match.groups()
+        terms.append((key, "!" if bang else (op or "exists").replace("==", "="), value or ""))
+    return terms
+
+
+def _selected(labels: dict, terms: list[tuple[str, str, str]]) -> bool:
+    for key, op, value in terms:
+        if op == "=" and labels.get(key) != value:
+            return False
+        if op == "!=" and labels.get(key) == value:
+            return False
+        if op == "exists" and key not in labels:
+            return False
+        if op == "!" and key in labels:
+            return False
+    return True
 
 
 #: Built-in collections served generically: (api, plural) -> (namespaced, kind).
@@ -1458,6 +1853,14 @@ ROUTES: list[tuple[re.Pattern, Callable]] = [
     (re.compile(r"/apis/apiextensions\.k8s\.io/v1/customresourcedefinitions(?:/([^/]+))?"), FakeKube._crds),
     (re.compile(r"/api/v1/namespaces/([^/]+)/([^/]+)(?:/([^/]+))?"), FakeKube._core),
     (re.compile(r"/apis/([^/]+)/([^/]+)/namespaces/([^/]+)/([^/]+)(?:/([^/]+))?"), FakeKube._group),
+    (re.compile(r"/apis/admissionregistration\.k8s\.io/?"), FakeKube._admission_group),
+    (re.compile(r"/apis/admissionregistration\.k8s\.io/([^/]+)/?"), FakeKube._admission_resources),
+    (
+        re.compile(
+            r"/apis/admissionregistration\.k8s\.io/([^/]+)/(mutatingadmissionpolic(?:ies|ybindings))(?:/([^/]+))?"
+        ),
+        FakeKube._admission,
+    ),
     (
         re.compile(r"/apis/(rbac\.authorization\.k8s\.io|admissionregistration\.k8s\.io)/(v1)/([^/]+)(?:/([^/]+))?"),
         FakeKube._cluster,

@@ -17,6 +17,13 @@ description:
     nodes with their CPUs; the running kernel's C(isolcpus) (CPUs and flags),
     C(nohz_full), C(rcu_nocbs), C(irqaffinity), C(/sys/devices/system/cpu/isolated);
     SST-BF high-priority CPUs where C(cpufreq/base_frequency) exists.
+  - Hugepages per NUMA node and size (C(nr_hugepages), C(free_hugepages) under
+    C(<root>/sys/devices/system/node/node*/hugepages) and
+    C(<root>/sys/kernel/mm/hugepages)) and each NUMA node's MemTotal.
+  - Below the socket, each CPU's last-level (L3) cache domain, from the
+    C(cache/index*) directory whose C(level) is 3 (its C(shared_cpu_list),
+    and its C(id), or the lowest CPU sharing it where the kernel has no
+    C(id)); and the NUMA distance table from C(node/node*/distance).
   - Never changes anything.
 version_added: "0.1.0"
 options:
@@ -71,7 +78,8 @@ ansible_facts:
             One entry per online CPU, ascending: C(id), C(socket), C(die),
             C(numa_node), C(core_id) (sysfs), C(core) (logical index, as
             C(lscpu -p) numbers cores), C(siblings) (cpulist),
-            C(base_frequency_khz) (null when not reported).
+            C(base_frequency_khz) (null when not reported), C(l3) (L3 cache
+            domain id, null where sysfs shows no level-3 cache).
           type: list
           elements: dict
         online:
@@ -92,6 +100,19 @@ ansible_facts:
         numa_nodes:
           description: NUMA node id (string) to its online CPUs.
           type: dict
+        numa_distances:
+          description: >-
+            NUMA node id (string) to its row of the distance table (one
+            number per node, ascending node id; 10 is local). Empty without
+            C(node/node*/distance).
+          type: dict
+          sample: {"0": [10, 32], "1": [32, 10]}
+        l3_domains:
+          description: >-
+            L3 cache domain id (string) to its online CPUs (compressed
+            cpulist). Empty where sysfs shows no level-3 cache.
+          type: dict
+          sample: {"0": "0-7,64-71", "1": "8-15,72-79"}
         cores:
           description: Number of physical cores online.
           type: int
@@ -110,14 +131,30 @@ ansible_facts:
             C(available), C(high_priority_cpus) (CPUs whose base frequency is
             above the lowest) and C(base_frequencies_khz).
           type: dict
+        hugepages:
+          description: >-
+            NUMA node id (string) to page size (C(2M), C(1G)) to C(total) and
+            C(free) pages. A kernel without NUMA reports one node C("0").
+          type: dict
+          sample: {"0": {"2M": {"total": 512, "free": 500}, "1G": {"total": 8, "free": 8}}}
+        memory:
+          description: NUMA node id (string) to its MemTotal in kB.
+          type: dict
+          sample: {"0": 65843100, "1": 66058764}
+        hugepage_sizes:
+          description: The page sizes the kernel offers, ascending (empty without hugetlbfs).
+          type: list
+          elements: str
+          sample: ["2M", "1G"]
+        hugepages_global:
+          description: Page size to C(total) and C(free) pages over all NUMA nodes.
+          type: dict
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.errors import CpupoolsError
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.topology import (
-    check_facts_root,
-    gather_topology,
-)
+from ansible.module_utils.cpupools.errors import CpupoolsError
+from ansible.module_utils.cpupools.hugepages import read_hugepages
+from ansible.module_utils.cpupools.topology import check_facts_root, gather_topology
 
 ARGUMENT_SPEC = {
     "root": {"type": "path", "default": "/"},
@@ -134,7 +171,9 @@ def main():
     except CpupoolsError as exc:
         where = [f"host {module.params['host']}"] if module.params["host"] else []
         module.fail_json(msg=": ".join([*where, module.params["variable"], f"{root!r}: {exc}"]))
-    module.exit_json(changed=False, ansible_facts={"cpupools": topology.to_facts()})
+    facts = topology.to_facts()
+    facts.update(read_hugepages(root))
+    module.exit_json(changed=False, ansible_facts={"cpupools": facts})
 
 
 if __name__ == "__main__":

@@ -9,8 +9,9 @@ module: cpupools_kernel_args
 short_description: Write the kernel arguments derived from the cpupools plan into the boot loader
 description:
   - Derives C(isolcpus), C(nohz_full), C(rcu_nocbs) and C(irqaffinity) from the plan of the
-    C(cpupools_plan) role and writes them into the boot loader configuration, changing only
-    those four arguments. Every other kernel argument is left exactly as it is.
+    C(cpupools_plan) role, and C(default_hugepagesz), C(hugepagesz), C(hugepages) from the plan's
+    boot hugepage reservation, and writes them into the boot loader configuration, changing only
+    those arguments. Every other kernel argument is left exactly as it is.
   - C(grub) writes a drop-in C(/etc/default/grub.d/<name>.cfg) that appends to
     C(GRUB_CMDLINE_LINUX); C(grubby) runs C(grubby --update-kernel=ALL) with only the
     differences; C(kernel-install) edits C(/etc/kernel/cmdline) in place.

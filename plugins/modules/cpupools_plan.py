@@ -37,6 +37,8 @@ options:
     description:
       - Every C(cpupools_*) variable of the host, by full name (see
         module_utils/cpupools/inputs.py for the spec of each).
+      - With O(topology) too, a plan that C(cpupools_runtime) cannot express (docs/runtimes.md)
+        is refused, naming the variable to change.
     type: dict
   num_exclusive_cores:
     description:
@@ -49,7 +51,12 @@ options:
     type: raw
     default: 1
   exclusive_mode:
-    description: C(packed) fills socket by socket; C(spread) balances across sockets.
+    description:
+      - C(packed) fills NUMA node after node, socket by socket; C(spread) balances
+        across sockets and, within each socket, across its NUMA nodes.
+      - On each node the pool takes the cores that touch the fewest L3 cache
+        domains (whole domains, a partly used one before a whole one).
+      - In adopt mode (O(isolcpus_source=adopt)) the order is CMK's, by socket only.
     type: str
     default: packed
   shared_mode:
@@ -170,6 +177,13 @@ plan:
     request:
       description: The normalised inputs.
       type: dict
+    hugepages:
+      description: >-
+        Only with O(inputs): the hugepages of C(cpupools_hugepages) checked against the node
+        (C(requested), C(boot) the kernel command line reservation, C(runtime) the sysfs
+        files the cpupools-hugepages unit writes, C(planned) node or C(any) to size to pages,
+        C(memory) node to C(asked_kb) and C(available_kb)). See docs/hugepages.md.
+      type: dict
 inputs:
   description: Every public cpupools variable, normalised (without the C(cpupools_) prefix); only with O(inputs).
   returned: when inputs is given
@@ -177,16 +191,13 @@ inputs:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.errors import CpupoolsError
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.inputs import (
-    PLAN_KEYS,
-    check_group,
-    check_root,
-    unknown_variables,
-    validate_inputs,
-)
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.plan import make_request, plan_pools
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.topology import Topology
+from ansible.module_utils.cpupools.errors import CpupoolsError
+from ansible.module_utils.cpupools.hugepages import plan_hugepages
+from ansible.module_utils.cpupools.inputs import PLAN_KEYS, check_group, check_root, unknown_variables, validate_inputs
+from ansible.module_utils.cpupools.kubelet import check_plan as check_kubelet
+from ansible.module_utils.cpupools.plan import make_request, plan_pools
+from ansible.module_utils.cpupools.runtimes import check_runtime, core_numbers
+from ansible.module_utils.cpupools.topology import Topology
 
 ARGUMENT_SPEC = {
     "topology": {"type": "dict"},
@@ -228,8 +239,21 @@ def main():
             result["inputs"] = checked.values
         if topology is not None:
             plan = plan_pools(topology, request)
+            if "inputs" in result:  # what the chosen runtime cannot express is refused here, before any stage
+                values = result["inputs"]
+                cores = core_numbers([list(core.cpus) for core in topology.cores])
+                check_runtime(plan, cores, values["runtime"], values["pooler_ht_policy"])
+                plan["hugepages"] = plan_hugepages(
+                    values["hugepages"],
+                    params["topology"],
+                    values["hugepages_keep_free_mb"],
+                    values["hugepages_default_size"],
+                )
             result["plan"] = plan
             warnings += plan["warnings"]
+            if "inputs" in result:
+                # What the kubelet runtime would refuse, refused here before any stage writes.
+                check_kubelet(plan, topology, result["inputs"])
     except CpupoolsError as exc:
         module.fail_json(msg=exc.describe(params["host"]))
     for warning in warnings:

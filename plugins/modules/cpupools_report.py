@@ -10,7 +10,9 @@ description:
   - Runs once on the controller (C(delegate_to=localhost), C(run_once)) over
     the facts of every host of the play and renders a text report (returned) and,
     when O(html_path) is given, one self-contained HTML page with a picture of
-    each node's sockets, cores and hyperthreads coloured by pool.
+    each node's sockets, NUMA nodes, L3 domains, cores and hyperthreads
+    coloured by pool, and tables of pools, NUMA nodes, L3 domains and
+    hugepages (planned against present).
   - Pure rendering from its inputs; the output is deterministic, so an
     unchanged fleet rewrites nothing and reports C(changed=false).
   - Every per-host part but C(host) is optional; a missing part is shown as
@@ -26,7 +28,9 @@ options:
         argument status (C(reboot_required), C(pending),
         C(desired_cmdline_args)); C(state) the pool state status (C(present),
         C(pools), C(tasks)); C(k8s) the Kubernetes status (C(enabled),
-        C(advertised), C(expected), C(skipped_reason)).
+        C(advertised), C(expected), C(skipped_reason)); C(hugepages) the
+        planned hugepages (C(cpupools_hugepages), a list of C(size), C(count),
+        and C(numa_node)).
       - See docs/report.md for the full schema.
     type: list
     elements: dict
@@ -41,6 +45,17 @@ options:
       - Where to write the HTML report (parent directories are created).
         Empty or unset writes no file.
       - Written atomically, and only when its content changes.
+    type: path
+  template:
+    description:
+      - The Jinja2 template of the HTML page, on the controller; the role
+        passes its own C(templates/cpupools-report.html.j2). Files it
+        includes (the CSS) are looked up beside it.
+      - Required when O(html_path) is set. The page is rendered with
+        autoescape on, so every value from the inventory or the facts is
+        escaped; rendering needs the C(jinja2) package, which the
+        controller's Python has (the role runs this task with
+        C(ansible_playbook_python)).
     type: path
   title:
     description: Title of the HTML page.
@@ -74,6 +89,7 @@ EXAMPLES = r"""
         topology: "{{ ansible_facts.cpupools }}"
         plan: "{{ cpupools_plan }}"
     html_path: "{{ playbook_dir }}/sandbox/report.html"
+    template: "{{ role_path }}/templates/cpupools-report.html.j2"
   delegate_to: localhost
   run_once: true
   register: report
@@ -115,18 +131,14 @@ import os
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.errors import CpupoolsError
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.report import (
-    analyse,
-    fleet_summary,
-    html_page,
-    text_lines,
-)
+from ansible.module_utils.cpupools.errors import CpupoolsError
+from ansible.module_utils.cpupools.report import analyse, fleet_summary, page_model, render_page, text_lines
 
 ARGUMENT_SPEC = {
     "hosts": {"type": "list", "elements": "dict", "required": True},
     "failed_hosts": {"type": "list", "elements": "str", "default": []},
     "html_path": {"type": "path"},
+    "template": {"type": "path"},
     "title": {"type": "str", "default": "cpupools report"},
     "generated": {"type": "str"},
 }
@@ -157,12 +169,15 @@ def _write_atomic(module, path, content):
 def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     params = module.params
+    if params["html_path"] and not params["template"]:
+        module.fail_json(msg="cpupools report: html_path is set but template is not (the role passes its own)")
     try:
         views = analyse(params["hosts"])
         lines = text_lines(views, params["failed_hosts"], params["generated"])
         page = None
         if params["html_path"]:
-            page = html_page(views, params["failed_hosts"], params["title"], params["generated"])
+            model = page_model(views, params["failed_hosts"], params["title"], params["generated"])
+            page = render_page(model, params["template"])
     except CpupoolsError as exc:
         module.fail_json(msg=f"cpupools report: {exc}")
     result = {

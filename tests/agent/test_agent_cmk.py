@@ -513,3 +513,149 @@ def test_reconcile_removes_what_killed_writers_left(cmk, state_dir):
         (conf / "pools/exclusive/0/1" / name).write_text("")
     assert run(cmk, "reconcile", f"--conf-dir={conf}").returncode == 0
     assert os.listdir(conf / "pools/exclusive/0/1") == ["tasks"]
+
+
+# NUMA nodes and L3 domains (issue 15) ------------------------------------------
+
+
+@pytest.fixture
+def nps2(make_root, state_dir):
+    """``(conf, sysfs root)``: the 2s32c-smt2-nps2 fixture with 8 exclusive cores spread, 20 shared packed.
+
+    Worked out by hand (tests/unit/test_plan_numa.py has the reasoning): the
+    exclusive lists, in hand-out order, are cores 1 (node 0, L3 0), 33 (node
+    2, L3 4), 16 (node 1, L3 2), 48 (node 3, L3 6), 2 (node 0, L3 0), 34
+    (node 2, L3 4), 17 (node 1, L3 2), 49 (node 3, L3 6); CPU i+64 is the
+    sibling of i. Shared packed takes the 13 free cores 3-15 of node 0, then
+    7 of node 1 from the one domain that holds 7: L3 3, cores 24-30.
+    """
+    from cpupools.plan import make_request, plan_pools
+    from cpupools.topology import gather_topology
+
+    root = make_root("2s32c-smt2-nps2", "sysfs")
+    request = {"num_exclusive_cores": 8, "exclusive_mode": "spread", "num_shared_cores": 20}
+    plan = plan_pools(gather_topology(str(root)), make_request(request))
+    assert plan["handout_order"]["exclusive"][:4] == ["1,65", "33,97", "16,80", "48,112"]
+    return state_dir(plan), root
+
+
+def numa_env(cmk, conf, root, *opts, **env):
+    return child_env_of(cmk, conf, "--no-affinity", *opts, CPUPOOLS_SYSFS_ROOT=str(root), **env)
+
+
+def test_several_cores_come_from_one_numa_node_and_one_l3(cmk, nps2):
+    conf, root = nps2
+    env = numa_env(cmk, conf, root, "--pool=exclusive", CMK_NUM_CORES="2")
+    # Hand-out order would give cores 1 and 33, on two sockets; node 0 holds cores 1 and 2, both in L3 0.
+    assert env["CMK_CPUS_ASSIGNED"] == "1,65,2,66"
+    assert env["CMK_NUMA_NODES_ASSIGNED"] == "0"
+    assert env["CMK_L3_DOMAINS_ASSIGNED"] == "0"
+    # One core: the first free list in hand-out order, as CMK; its node and L3 are exported too.
+    env = numa_env(cmk, conf, root, "--pool=exclusive")
+    assert (env["CMK_CPUS_ASSIGNED"], env["CMK_NUMA_NODES_ASSIGNED"], env["CMK_L3_DOMAINS_ASSIGNED"]) == (
+        "1,65",
+        "0",
+        "0",
+    )
+    assert tasks_of(conf) == {cl: [] for cl in tasks_of(conf)}  # all given back
+
+
+def test_numa_locality_can_be_turned_off(cmk, nps2):
+    conf, root = nps2
+    env = numa_env(cmk, conf, root, "--pool=exclusive", CMK_NUM_CORES="2", CMK_NUMA_LOCALITY="0")
+    assert env["CMK_CPUS_ASSIGNED"] == "1,65,33,97"
+    assert env["CMK_NUMA_NODES_ASSIGNED"] == "0,2"
+    assert env["CMK_L3_DOMAINS_ASSIGNED"] == "0,4"
+    res = run(
+        cmk, "isolate", f"--conf-dir={conf}", "--pool=exclusive", "true", env=agent_env(CMK_NUMA_LOCALITY="maybe")
+    )
+    assert res.returncode == 64 and "CMK_NUMA_LOCALITY='maybe': expected 1" in res.stderr
+
+
+def test_more_cores_than_a_node_has_come_from_the_fewest_nodes(cmk, nps2):
+    conf, root = nps2
+    env = numa_env(cmk, conf, root, "--pool=exclusive", CMK_NUM_CORES="5")
+    # Every node has 2 lists: node 0 (first in hand-out order) and node 2
+    # (next) whole, then 1 list from the first node with room, node 1: core 16.
+    assert env["CMK_CPUS_ASSIGNED"] == "1,65,2,66,16,80,33,97,34,98"
+    assert env["CMK_NUMA_NODES_ASSIGNED"] == "0,1,2"
+    assert env["CMK_L3_DOMAINS_ASSIGNED"] == "0,2,4"
+
+
+def test_numa_node_selector(cmk, nps2):
+    conf, root = nps2
+    env = numa_env(cmk, conf, root, "--pool=exclusive", "--numa-node=3", CMK_NUM_CORES="2")
+    assert (env["CMK_CPUS_ASSIGNED"], env["CMK_NUMA_NODES_ASSIGNED"], env["CMK_L3_DOMAINS_ASSIGNED"]) == (
+        "48,112,49,113",
+        "3",
+        "6",
+    )
+    # with --socket-id: the node must be on that socket
+    env = numa_env(cmk, conf, root, "--pool=exclusive", "--socket-id=1", "--numa-node=2")
+    assert env["CMK_CPUS_ASSIGNED"] == "33,97"
+    # a shared list spans its socket: --numa-node pins to its CPUs on that node (cores 24-30, L3 3)
+    env = numa_env(cmk, conf, root, "--pool=shared", "--numa-node=1")
+    assert env["CMK_CPUS_ASSIGNED"] == ",".join(str(c) for c in [*range(24, 31), *range(88, 95)])
+    assert (env["CMK_NUMA_NODES_ASSIGNED"], env["CMK_L3_DOMAINS_ASSIGNED"]) == ("1", "3")
+    assert env["CMK_CPUS_ASSIGNED_MASK"] == format(sum(1 << c for c in [*range(24, 31), *range(88, 95)]), "X")
+    # without --numa-node the whole list, on both nodes of socket 0
+    env = numa_env(cmk, conf, root, "--pool=shared", "--socket-id=0")
+    assert env["CMK_NUMA_NODES_ASSIGNED"] == "0,1" and env["CMK_L3_DOMAINS_ASSIGNED"] == "0,1,3"
+    assert tasks_of(conf, "shared") == {cl: [] for cl in tasks_of(conf, "shared")}
+
+
+@pytest.mark.parametrize(
+    ("opts", "cores", "status", "message"),
+    [
+        (
+            ["--socket-id=1", "--numa-node=1"],
+            "1",
+            65,
+            "cmk: pool exclusive has no cpu lists on socket 1 on NUMA node 1 (NUMA nodes: 2, 3)\n",
+        ),
+        (
+            ["--numa-node=2"],
+            "3",
+            75,
+            "cmk: not enough free cpu lists in pool exclusive on NUMA node 2: 3 requested, 2 free of 2\n",
+        ),
+        (["--numa-node=x"], "1", 64, "cmk: --numa-node='x' is not a NUMA node number (or -1 for any)\n"),
+        (["--numa-node=-2"], "1", 64, "cmk: --numa-node='-2' is not a NUMA node number (or -1 for any)\n"),
+    ],
+)
+def test_numa_node_refusals_change_nothing(cmk, nps2, opts, cores, status, message):
+    conf, root = nps2
+    before = tasks_of(conf)
+    res = run(
+        cmk,
+        "isolate",
+        f"--conf-dir={conf}",
+        "--pool=exclusive",
+        "--no-affinity",
+        *opts,
+        "true",
+        env=agent_env(CPUPOOLS_SYSFS_ROOT=str(root), CMK_NUM_CORES=cores),
+    )
+    assert (res.returncode, res.stderr) == (status, message)
+    assert tasks_of(conf) == before
+
+
+def test_a_held_node_sends_the_workload_to_the_next_node_that_holds_it(cmk, nps2):
+    """Concurrent workloads: while one holds node 0's two lists, a second two-core isolate gets node 2's."""
+    conf, root = nps2
+    env = agent_env(CPUPOOLS_SYSFS_ROOT=str(root), CMK_NUM_CORES="2")
+    base = [cmk, "isolate", f"--conf-dir={conf}", "--pool=exclusive", "--no-affinity", "--"]
+    holder = subprocess.Popen(
+        [*base, "sh", "-c", "echo $CMK_CPUS_ASSIGNED; read x"],
+        env=env,
+        text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert holder.stdout.readline() == "1,65,2,66\n"  # waits until the first one holds its lists
+        second = numa_env(cmk, conf, root, "--pool=exclusive", CMK_NUM_CORES="2")
+        assert (second["CMK_CPUS_ASSIGNED"], second["CMK_NUMA_NODES_ASSIGNED"]) == ("33,97,34,98", "2")
+    finally:
+        holder.communicate("\n", timeout=30)
+    assert holder.returncode == 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import time
 
 import pytest
@@ -318,3 +319,48 @@ def test_temporary_metadata_files_of_a_killed_run_are_removed(tmp_path):
     assert sw.converge(str(conf), PLAN_2X)["changed"] is True
     assert not (conf / ".cpupools.json.4242.tmp").exists()
     assert sw.converge(str(conf), PLAN_2X)["changed"] is False
+
+
+@pytest.mark.parametrize("meanwhile", ["joined", "swapped", "cleaned"])
+def test_reconcile_writes_a_prepared_file_only_over_the_list_it_scanned(tmp_path, monkeypatch, meanwhile):
+    """Reconcile prepares a list's new tasks file before the lock; what happens before the lock is honoured.
+
+    joined: a live task joins the shared list between the scan and the lock
+    (its isolate held the lock then), so the prepared file would lose it.
+    swapped: the module swapped a new tree in, so the prepared file's
+    directory is gone. cleaned: another reconcile removed the prepared file as
+    a crash leftover. Each time the list is written again under the lock: the
+    dead PID goes, the live ones and their markers stay, no temporary is left.
+    """
+    from cpupools import agent_report
+
+    dead, me = 2**22 + 7, os.getpid()
+    my_start = st.read_proc_stat("/proc", me)[2]
+    plan = make_plan({"shared": {"0": ["0,1"]}})
+    conf = write_plan_state(tmp_path / "conf", plan, {"shared": {"0": {"0,1": [dead]}}}, {dead: 99})
+    path = str(conf / "pools/shared/0/0,1")
+    real_current = st.PreparedTasks.current
+
+    def current(prep):
+        if meanwhile == "joined":
+            cl = st.CpuList("shared", "0", "0,1", path)
+            st.write_tasks(cl, [dead, me], {me: my_start})
+        elif meanwhile == "swapped":
+            os.rename(path, path + ".old")
+            os.mkdir(path, 0o775)
+            for name in os.listdir(path + ".old"):
+                if not st.is_temporary(name):
+                    shutil.copy(os.path.join(path + ".old", name), os.path.join(path, name))
+            shutil.rmtree(path + ".old")
+        else:
+            os.unlink(os.path.join(path, prep.tmp))
+        return real_current(prep)
+
+    monkeypatch.setattr(st.PreparedTasks, "current", current)
+    monkeypatch.setattr(st, "proc_view_problem", lambda *a, **k: None)
+    reclaimed, _ = agent_report.reconcile_pass(str(conf), "/proc", 5)
+    assert [r["pid"] for r in reclaimed] == [dead]
+    kept = [me] if meanwhile == "joined" else []
+    assert st.parse_tasks((conf / "pools/shared/0/0,1/tasks").read_text()) == kept
+    names = sorted(os.listdir(path))
+    assert names == sorted(["tasks", *([st.marker_name(me, my_start)] if kept else [])])

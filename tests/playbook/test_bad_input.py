@@ -287,6 +287,16 @@ CASES = [
         "'report.html' is not an absolute path",
         cli=("cpupools_report_html=report.html",),
     ),
+    # runtimes (docs/runtimes.md): an unknown one, and a layout the chosen runtime cannot express
+    Case(
+        "runtime-unknown", "cpupools_runtime", "'cri-rm' is not one of cmk, kubelet", cli=("cpupools_runtime=cri-rm",)
+    ),
+    Case(
+        "runtime-cannot-express",
+        "cpupools_isolated_pools",
+        "nri-topology-aware hands isolated CPUs out only exclusively, so the isolated shared pool",
+        cli=("cpupools_runtime=nri-topology-aware",),
+    ),
     # reboot knobs
     Case(
         "simulate-as-string",

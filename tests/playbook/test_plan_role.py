@@ -66,6 +66,50 @@ def test_role_sets_the_plan_fact(playbook, corpus_root):
     assert plan["pools"]["shared"] == {"0": ["3,4,47,48"], "1": []}
 
 
+def test_role_plans_numa_nodes_and_l3_domains_with_values_from_e(playbook, corpus_root):
+    """NPS2 with two 8-core L3s per node: facts carry the domains and distances; spread balances nodes.
+
+    The expected hand-out order is worked out in tests/unit/test_plan_numa.py
+    (nodes 0, 2, 1, 3 in turn; on each, the smallest L3 domain that holds two
+    cores). The sizes come as strings, as ``-e key=value`` gives them.
+    """
+    pb = (
+        ROLE_PLAY
+        + """
+    - name: Show the topology
+      ansible.builtin.debug:
+        msg: "{{ {'l3': ansible_facts.cpupools.l3_domains, 'dist': ansible_facts.cpupools.numa_distances} }}"
+"""
+    )
+    res = playbook(
+        pb,
+        None,
+        "-e",
+        f"cpupools_root={corpus_root['2s32c-smt2-nps2']}",
+        "-e",
+        "cpupools_num_exclusive_cores=8 cpupools_exclusive_mode=spread cpupools_num_shared_cores=2",
+        "-e",
+        "cpupools_shared_mode=spread",
+    )
+    assert res.rc == 0, res.stdout + res.stderr
+    assert res.changed() == 0
+    plan = res.result("Show the plan")["cpupools_plan"]
+    assert plan["handout_order"]["exclusive"] == [
+        "1,65",
+        "33,97",
+        "16,80",
+        "48,112",
+        "2,66",
+        "34,98",
+        "17,81",
+        "49,113",
+    ]
+    assert plan["pools"]["shared"] == {"0": ["3,67"], "1": ["35,99"]}
+    shown = res.result("Show the topology")["msg"]
+    assert shown["l3"]["1"] == "8-15,72-79" and len(shown["l3"]) == 8
+    assert shown["dist"]["2"] == [32, 32, 10, 12]
+
+
 def test_adopt_warnings_reach_the_operator(playbook, make_root):
     root = make_root(Spec(sockets=1, cores_per_socket=8, threads=1, cmdline="ro isolcpus=domain,1-6"))
     res = playbook(

@@ -5,9 +5,10 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from cpupools.cpulist import format_cpulist
 from cpupools.plan import make_request, plan_pools
 from cpupools.topology import gather_topology
-from sysfs import CORPUS, write_tree
+from sysfs import CORPUS, Spec, write_tree
 
 
 @pytest.fixture
@@ -19,7 +20,14 @@ def host_input(tmp_path):
     """
     counter = iter(range(10**6))
 
-    def make(name: str, request: dict | None = None, host: str | None = None, spec: dict | None = None, **parts):
+    def make(
+        name: str,
+        request: dict | None = None,
+        host: str | None = None,
+        spec: dict | None = None,
+        numa_facts: bool = False,
+        **parts,
+    ):
         tree = dataclasses.replace(CORPUS[name], **(spec or {}))
         root = write_tree(str(tmp_path / f"{name}-{next(counter)}"), tree)
         topo = gather_topology(root)
@@ -28,7 +36,33 @@ def host_input(tmp_path):
             "topology": topo.to_facts(),
             "plan": plan_pools(topo, make_request(request or {})),
         }
+        if numa_facts:
+            add_numa_facts(entry["topology"], tree)
         entry.update(parts)
         return entry
 
     return make
+
+
+def add_numa_facts(facts: dict, spec: Spec) -> dict:
+    """Add the facts the NUMA/L3 work adds, built by hand from the fixture's ``Spec``.
+
+    Per CPU ``l3`` (``None`` when the fixture writes no cache directories),
+    top-level ``l3_domains`` and ``numa_distances`` (10 local, 12 same socket,
+    32 other socket: the shape of a real SLIT table).
+    """
+    online = {cpu["id"] for cpu in facts["cpus"]}
+    by_id = {c["id"]: c for c in spec.cpus()}
+    domains: dict[int, list[int]] = {}
+    for cpu in facts["cpus"]:
+        l3 = by_id[cpu["id"]]["l3"]
+        cpu["l3"] = None if l3 < 0 else l3
+        if l3 >= 0:
+            domains.setdefault(l3, []).append(cpu["id"])
+    facts["l3_domains"] = {str(k): format_cpulist(v) for k, v in sorted(domains.items())}
+    socket_of = {by_id[c]["node"]: by_id[c]["socket"] for c in online}
+    nodes = sorted(socket_of)
+    facts["numa_distances"] = {
+        str(a): [10 if a == b else 12 if socket_of[a] == socket_of[b] else 32 for b in nodes] for a in nodes
+    }
+    return facts

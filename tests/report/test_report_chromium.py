@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 from cpupools.cpulist import parse_cpulist
-from cpupools.report import COLOURS, PENDING_COLOUR, render_html
+from cpupools.report import COLOURS, PENDING_COLOUR
+from report_page import render_html
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = [
@@ -188,3 +189,35 @@ def test_legend_and_tables_are_in_the_dom(tmp_path, node):
     ):
         assert text in dom, text
     assert dom.count('class="t c-') >= 88
+
+
+def test_numa_and_l3_boxes_keep_every_cell_whole(tmp_path, host_input):
+    """4 NUMA nodes of 2 L3 domains each: the nesting is visible and no cell shrinks or disappears."""
+    request = {"num_exclusive_cores": 12, "num_shared_cores": 4}
+    iso = host_input("1s64c-smt2-nps4", request)["plan"]["isolated_cpus"]
+    entry = host_input(
+        "1s64c-smt2-nps4",
+        request,
+        host="epyc",
+        spec={"isolated": iso},
+        numa_facts=True,
+        kernel={"reboot_required": False},
+    )
+    entry["topology"]["hugepages"] = {"0": {"1G": {"total": 2, "free": 2}}}
+    entry["hugepages"] = [{"size": "1G", "count": 4, "numa_node": 0}]
+    page = render_html([entry])
+    counts = colour_counts(screenshot(tmp_path, page))
+    area = {pool: counts[rgb(COLOURS[pool][0])] for pool in ("exclusive", "shared", "infra")}
+    per_thread = {pool: area[pool] / n for pool, n in {"exclusive": 24, "shared": 8, "infra": 96}.items()}
+    assert all(px > 300 for px in per_thread.values()), per_thread
+    assert max(per_thread.values()) / min(per_thread.values()) < 1.35, per_thread
+    dom = dump_dom(tmp_path, page)
+    for text in (
+        "socket 0 · 64 cores · NUMA nodes 0-3 · L3 domains 0-7",
+        "NUMA node 3 · 16 cores · L3 6-7",
+        "L3 7 · 8 cores",
+        "L3 domains (8)",
+        "short by 2",
+    ):
+        assert text in dom, text
+    assert dom.count('class="l3"') == 8 and dom.count('class="numa"') == 4

@@ -15,10 +15,10 @@ from cpupools.report import (
     STRANDED,
     ReportError,
     analyse_host,
-    render_html,
     render_text,
     render_text_lines,
 )
+from report_page import render_html
 from sysfs import CORPUS
 
 TWO_SOCKET = {"num_exclusive_cores": 6, "num_shared_cores": 2, "exclusive_mode": "spread"}
@@ -94,9 +94,9 @@ def test_picture_groups_threads_by_core_socket_and_numa(host_input):
     entry = host_input("2s8c-2numa")
     view = analyse_host(entry)
     assert [s.socket for s in view.sockets] == [0, 1]
-    assert [node for node, _ in view.sockets[0].numa] == [0, 1]
-    assert [node for node, _ in view.sockets[1].numa] == [2, 3]
-    first = view.sockets[0].numa[0][1][0]
+    assert [node.node for node in view.sockets[0].numa] == [0, 1]
+    assert [node.node for node in view.sockets[1].numa] == [2, 3]
+    first = view.sockets[0].numa[0].cores[0]
     assert first.label == "0,16" and [t.cpu for t in first.threads] == [0, 16]
     html = render_html([entry])
     assert html.count('class="numa"') == 4
@@ -263,7 +263,7 @@ def test_everything_is_escaped(host_input):
     page = render_html([entry], failed=["<u>gone</u>"], title="<title>", generated="<now>")
     assert "<script" not in page and "<img" not in page and "<marquee" not in page and "<blink" not in page
     assert "<u>" not in page and "<now>" not in page and "<title><title>" not in page
-    assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;&amp;amp;" in page
+    assert "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;&amp;amp;" in page  # markupsafe writes " as &#34;
     assert "&lt;img src=x onerror=alert(1)&gt;" in page
     parsed = Page(page)
     assert evil in parsed.cells  # the section id round-trips to the real name

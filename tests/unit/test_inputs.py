@@ -115,6 +115,7 @@ def as_cli_text(value: object) -> str:
         and not isinstance(v.default, dict)
         and k != "command_wrapper"
         and k != "reboot_simulate_command"
+        and k != "kubelet_simulate_command"
     ),
 )
 def test_a_default_given_as_text_means_the_same(key):
@@ -143,6 +144,8 @@ def test_infra_cores_integer_text_is_a_count(raw, expected):
         ("cpupools_k8s_drain_poll_interval", "inf", "'inf' is not a number of seconds"),
         ("cpupools_k8s_drain_poll_interval", 1e400, "inf is not a number of seconds"),
         ("cpupools_k8s_labels", ["a"], "['a'] is not a mapping"),
+        ("cpupools_k8s_admission_opt_in", "inject", "'inject' is not a Kubernetes label name with a domain"),
+        ("cpupools_k8s_admission_failure_policy", "fail", "'fail' is not one of Fail, Ignore"),
         ("cpupools_excl_non_isolcpus", "0-4000000000", "CPU 4000000000 is beyond the last possible CPU 87"),
         ("cpupools_report_title", "a\nb", "holds a newline"),
     ],

@@ -78,7 +78,9 @@ def test_big_machine(corpus_root):
     assert topo.sockets == list(range(8))
 
 
-@pytest.mark.parametrize("name", ["2s22c-smt2", "2s8c-offline", "2s8c-sstbf", "2s8c-2numa"])
+@pytest.mark.parametrize(
+    "name", ["2s22c-smt2", "2s8c-offline", "2s8c-sstbf", "2s8c-2numa", "2s32c-smt2-nps2", "1s32c-nps4-noid"]
+)
 def test_facts_round_trip_through_json(corpus_root, name):
     topo = gather_topology(corpus_root[name])
     again = Topology.from_facts(json.loads(json.dumps(topo.to_facts())))
@@ -125,3 +127,79 @@ def test_inconsistent_siblings_are_refused(make_root):
 def test_missing_tree_is_a_clear_error(tmp_path):
     with pytest.raises(TopologyError, match=r"cannot list .*/sys/devices/system/cpu"):
         gather_topology(str(tmp_path))
+
+
+# NUMA nodes and L3 cache domains (issue 15) ------------------------------------
+
+
+def test_ccx_l3_domains_and_nps2_distances(corpus_root):
+    # 2 sockets x 32 cores, SMT2 (sibling of i is i+64), 2 NUMA nodes per
+    # socket (16 cores each), one L3 per 8 consecutive cores: 8 domains,
+    # two per node, each a CCD's 8 cores and their 8 siblings.
+    topo = gather_topology(corpus_root["2s32c-smt2-nps2"])
+    facts = topo.to_facts()
+    assert facts["l3_domains"]["0"] == "0-7,64-71"
+    assert facts["l3_domains"]["3"] == "24-31,88-95"
+    assert facts["l3_domains"]["7"] == "56-63,120-127"
+    assert len(facts["l3_domains"]) == 8
+    assert facts["numa_nodes"]["1"] == "16-31,80-95"
+    # a CPU and its sibling share the domain; core 8 (cpus 8,72) opens domain 1
+    by_id = {c["id"]: c for c in facts["cpus"]}
+    assert (by_id[7]["l3"], by_id[71]["l3"], by_id[8]["l3"], by_id[72]["l3"]) == (0, 0, 1, 1)
+    assert facts["numa_distances"] == {
+        "0": [10, 12, 32, 32],
+        "1": [12, 10, 32, 32],
+        "2": [32, 32, 10, 12],
+        "3": [32, 32, 12, 10],
+    }
+    assert topo.nodes_on(1) == [2, 3]
+    assert {core.l3 for core in topo.cores if core.node == 3} == {6, 7}
+
+
+def test_sub_numa_clustering_one_l3_over_two_nodes(corpus_root):
+    # Intel SNC2: the socket's one L3 is shared by both of its NUMA nodes.
+    facts = gather_topology(corpus_root["2s24c-smt2-snc2"]).to_facts()
+    assert facts["l3_domains"] == {"0": "0-23,48-71", "1": "24-47,72-95"}
+    assert facts["numa_nodes"]["0"] == "0-11,48-59" and facts["numa_nodes"]["1"] == "12-23,60-71"
+    assert facts["numa_distances"]["0"] == [10, 11, 21, 21]
+
+
+def test_l3_without_id_file_is_numbered_by_its_lowest_cpu(corpus_root):
+    facts = gather_topology(corpus_root["1s32c-nps4-noid"]).to_facts()
+    assert facts["l3_domains"] == {"0": "0-7", "8": "8-15", "16": "16-23", "24": "24-31"}
+
+
+def test_no_cache_directories_means_no_l3(corpus_root):
+    facts = gather_topology(corpus_root["2s22c-smt2"]).to_facts()
+    assert facts["l3_domains"] == {}
+    assert {c["l3"] for c in facts["cpus"]} == {None}
+    assert facts["numa_distances"] == {"0": [10, 32], "1": [32, 10]}
+
+
+def test_l3_found_when_index3_is_not_the_l3(make_root):
+    # Some arm64 kernels number cache indexes differently: the L3 is whichever index has level 3.
+    root = make_root(Spec(sockets=1, cores_per_socket=4, threads=1, l3_cores=2))
+    for cpu in range(4):
+        cache = os.path.join(root, f"sys/devices/system/cpu/cpu{cpu}/cache")
+        os.rename(os.path.join(cache, "index3"), os.path.join(cache, "index5"))
+        with open(os.path.join(cache, "index2", "level"), "w") as handle:
+            handle.write("2\n")
+    assert gather_topology(str(root)).to_facts()["l3_domains"] == {"0": "0-1", "1": "2-3"}
+
+
+def test_inconsistent_l3_and_distances_are_refused(make_root):
+    root = make_root(Spec(sockets=1, cores_per_socket=4, threads=1, l3_cores=2))
+    path = os.path.join(root, "sys/devices/system/cpu/cpu1/cache/index3/shared_cpu_list")
+    with open(path, "w") as handle:
+        handle.write("0-2\n")
+    with pytest.raises(TopologyError, match=r"L3 cache 0 is shared by CPUs 0-1 according to one CPU and by 0-2"):
+        gather_topology(str(root))
+    root = make_root(Spec(sockets=2, cores_per_socket=2, threads=1), "two")
+    with open(os.path.join(root, "sys/devices/system/node/node1/distance"), "w") as handle:
+        handle.write("32 ten\n")
+    with pytest.raises(TopologyError, match=r"node1/distance: '32 ten' is not a list of numbers"):
+        gather_topology(str(root))
+    with open(os.path.join(root, "sys/devices/system/node/node1/distance"), "w") as handle:
+        handle.write("32\n")
+    with pytest.raises(TopologyError, match=r"node1/distance has 1 entries for 2 NUMA nodes"):
+        gather_topology(str(root))

@@ -31,16 +31,21 @@ from .agent_base import (
     tasks_or_none,
 )
 from .errors import CpupoolsError, NoFreeListsError, StateError, UnknownPoolError, UsageError
+from .locality import CpuLocality, choose_local
 
 USAGE = """\
 usage:
-  cmk isolate [--conf-dir=DIR] [--socket-id=N] --pool=POOL [--no-affinity] COMMAND [-- ARGS...]
+  cmk isolate [--conf-dir=DIR] [--socket-id=N] [--numa-node=N] --pool=POOL [--no-affinity]
+              COMMAND [-- ARGS...]
   cmk reconcile [--conf-dir=DIR] [--interval=SECONDS] [--publish] [--metrics-dir=DIR]
                 [--kubeconfig=FILE] [--node-name=NODE]
   cmk describe [--conf-dir=DIR]
   cmk node-report [--conf-dir=DIR] [--interval=SECONDS] [--publish]
 
-environment: CMK_NUM_CORES (isolate, exclusive pools; default 1), CMK_PROC_FS
+environment: CMK_NUM_CORES (isolate, exclusive pools; default 1), CMK_NUMA_LOCALITY
+(isolate: 1 takes several exclusive cpulists from one NUMA node and as few L3
+caches as can be, 0 the first free ones in hand-out order; default 1),
+CPUPOOLS_SYSFS_ROOT (where sys/ is read; default /), CMK_PROC_FS
 (host /proc; default /proc), CMK_LOCK_TIMEOUT (seconds; default 30),
 CMK_ISOLATE_SHELL (isolate: 1 runs "COMMAND ARGS..." through /bin/sh -c as CMK
 v1.4 did, 0 runs argv; default: isolate_shell in <conf-dir>/cpupools.agent, else 0),
@@ -56,7 +61,14 @@ error, 71 affinity failed, 75 not enough free cpulists, 77 permission denied,
 #: Options per subcommand: name -> takes a value. ``--namespace`` is CMK's
 #: (its ConfigMap variant); accepted and ignored, as the state is host-local.
 _OPTIONS = {
-    "isolate": {"--conf-dir": True, "--pool": True, "--socket-id": True, "--no-affinity": False, "--namespace": True},
+    "isolate": {
+        "--conf-dir": True,
+        "--pool": True,
+        "--socket-id": True,
+        "--numa-node": True,
+        "--no-affinity": False,
+        "--namespace": True,
+    },
     "reconcile": {
         "--conf-dir": True,
         "--interval": True,
@@ -312,6 +324,36 @@ def _free(cl: st.CpuList) -> bool:
     return tasks_or_none(cl) == []
 
 
+def locality_wanted(environ: dict[str, str] | os._Environ) -> bool:
+    """``CMK_NUMA_LOCALITY``: whether several exclusive cpulists are kept on one NUMA node (default 1)."""
+    raw = environ.get("CMK_NUMA_LOCALITY", "")
+    if not raw:
+        return True
+    value = _SWITCH.get(raw.strip().lower())
+    if value is None:
+        raise UsageError(
+            f"CMK_NUMA_LOCALITY={raw[:20]!r}: expected 1 (one NUMA node, fewest L3 caches) or 0 (hand-out order)"
+        )
+    return value
+
+
+def _on_node(lists: list[st.CpuList], node: int, where: CpuLocality) -> list[st.CpuList]:
+    return [cl for cl in lists if any(where.node(c) == node for c in cl.cpu_ids)]
+
+
+def _pool_nodes(lists: list[st.CpuList], where: CpuLocality) -> str:
+    nodes = {where.node(c) for cl in lists for c in cl.cpu_ids} - {None}
+    return ", ".join(str(n) for n in sorted(nodes)) or "none known"  # type: ignore[type-var]
+
+
+def _one_node_holds(lists: list[st.CpuList], count: int, where: CpuLocality) -> bool:
+    per_node: dict[int | None, int] = {}
+    for cl in lists:
+        node = where.node(cl.cpu_ids[0])
+        per_node[node] = per_node.get(node, 0) + 1
+    return any(n >= count for n in per_node.values())
+
+
 def acquire(
     conf: str,
     pool_name: str,
@@ -321,15 +363,23 @@ def acquire(
     start: int,
     proc_fs: str,
     timeout: float,
+    numa_node: int | None = None,
+    where: CpuLocality | None = None,
 ) -> tuple[list[st.CpuList], dict[str, st.Pool]]:
     """Take cpulists of ``pool_name`` for ``pid`` under the lock; return them and the pools read.
 
-    Exclusive pools: the first ``CMK_NUM_CORES`` free cpulists in the plan's hand-out
-    order (restricted to ``socket``). When too few are free, holders that died
-    are reclaimed first (what ``reconcile`` would do) before failing.
+    Exclusive pools: ``CMK_NUM_CORES`` free cpulists (restricted to ``socket``
+    and to ``numa_node``, a list being on the node of its first CPU). One
+    list is the first free one in the plan's hand-out order; several come
+    from one NUMA node and as few L3 domains as possible
+    (``locality.choose_local``), unless ``CMK_NUMA_LOCALITY=0`` asks for the
+    first free ones in hand-out order. When too few are free, or no NUMA node
+    has enough, holders that died are reclaimed first (what ``reconcile``
+    would do) before failing or spreading over nodes.
     Shared/infra pools: every cpulist of the pool on ``socket``, or on all
-    sockets.
+    sockets; with ``numa_node``, those with CPUs on that node.
     """
+    where = where or CpuLocality()
     with st.StateLock(conf, timeout):
         # Stray entries are skipped: one of them must not stop every isolate (reconcile reports them).
         pools = st.read_state(conf, (pool_name, "shared", "infra"), strays=[])
@@ -340,12 +390,25 @@ def acquire(
             raise UnknownPoolError(
                 f"pool {pool_name} has no socket {socket} (sockets: {', '.join(sorted(pool.sockets, key=int))})"
             )
+        on = f" on socket {socket}" if socket is not None else ""
+        if numa_node is not None:
+            on += f" on NUMA node {numa_node}"
         if pool.exclusive:
             # As in CMK, CMK_NUM_CORES only counts (and is only checked) for exclusive pools.
             count = num_cores(environ)
             candidates = st.ordered_for_handout(pool, st.read_handout_order(conf, pool_name), socket)
+            # Only where sysfs places every list: a state of CPUs this host does not show is handed out as planned.
+            wanted = locality_wanted(environ)  # checked for every exclusive isolate, as CMK_NUM_CORES is
+            local = count > 1 and wanted and all(where.node(cl.cpu_ids[0]) is not None for cl in candidates)
+            if numa_node is not None:
+                on_node = [cl for cl in candidates if where.node(cl.cpu_ids[0]) == numa_node]
+                if not on_node:
+                    raise UnknownPoolError(
+                        f"pool {pool_name} has no cpu lists{on} (NUMA nodes: {_pool_nodes(candidates, where)})"
+                    )
+                candidates = on_node
             free = [cl for cl in candidates if _free(cl)]
-            if len(free) < count:
+            if len(free) < count or (local and not _one_node_holds(free, count, where)):
                 for cl in candidates:
                     if tasks_or_none(cl):
                         alive = [t for t in cl.tasks if st.task_alive(proc_fs, t, cl.starts.get(t))]
@@ -353,17 +416,24 @@ def acquire(
                             st.write_tasks(cl, alive, {})
                 free = [cl for cl in candidates if _free(cl)]
             if len(free) < count:
-                where = f" on socket {socket}" if socket is not None else ""
                 raise NoFreeListsError(
-                    f"not enough free cpu lists in pool {pool_name}{where}: {count} requested, "
+                    f"not enough free cpu lists in pool {pool_name}{on}: {count} requested, "
                     f"{len(free)} free of {len(candidates)}"
                 )
-            chosen = free[:count]
+            if local:
+                chosen = choose_local(
+                    free, count, lambda cl: where.node(cl.cpu_ids[0]), lambda cl: where.l3(cl.cpu_ids[0])
+                )
+            else:
+                chosen = free[:count]
         else:
             chosen = pool.cpulists(socket)
+            if numa_node is not None:
+                chosen = _on_node(chosen, numa_node, where)
             if not chosen:
-                where = f" on socket {socket}" if socket is not None else ""
-                raise UnknownPoolError(f"no cpu lists in pool {pool_name}{where}")
+                listed = pool.cpulists(socket)
+                nodes = f" (NUMA nodes: {_pool_nodes(listed, where)})" if numa_node is not None and listed else ""
+                raise UnknownPoolError(f"no cpu lists in pool {pool_name}{on}{nodes}")
         for cl in chosen:
             st.write_tasks(cl, [*cl.tasks, pid], {pid: start})
     return chosen, pools
@@ -381,15 +451,49 @@ def release(conf: str, pool_name: str, pid: int, timeout: float) -> None:
                 st.write_tasks(cl, [t for t in cl.tasks if t != pid], {})
 
 
-def child_env(environ: dict[str, str] | os._Environ, chosen: list[st.CpuList], pools: dict[str, st.Pool]) -> dict:
+def assigned_cpus(chosen: list[st.CpuList], numa_node: int | None, where: CpuLocality) -> list[int]:
+    """The CPUs isolate pins to: those of ``chosen``, only those on ``numa_node`` when one is asked for.
+
+    (An exclusive list is on one node already; a shared or infra list spans its socket.)
+    """
+    cpus = sorted({c for cl in chosen for c in cl.cpu_ids})
+    if numa_node is None:
+        return cpus
+    return [c for c in cpus if where.node(c) == numa_node]
+
+
+def child_env(
+    environ: dict[str, str] | os._Environ,
+    chosen: list[st.CpuList],
+    pools: dict[str, st.Pool],
+    cpus: list[int] | None = None,
+    where: CpuLocality | None = None,
+) -> dict:
+    """The command's environment: CMK's ``CMK_CPUS_*``, and where the assigned CPUs are.
+
+    ``CMK_NUMA_NODES_ASSIGNED`` and ``CMK_L3_DOMAINS_ASSIGNED``: the NUMA nodes
+    and L3 cache domains of ``cpus``, ascending, comma-joined (empty where
+    sysfs does not show them).
+    """
     from .cpulist import format_cpumask
 
     env = dict(environ)
-    env["CMK_CPUS_ASSIGNED"] = _join_lists(chosen)
-    env["CMK_CPUS_ASSIGNED_MASK"] = format_cpumask(c for cl in chosen for c in cl.cpu_ids)
+    all_cpus = sorted({c for cl in chosen for c in cl.cpu_ids})
+    if cpus is None or cpus == all_cpus:
+        env["CMK_CPUS_ASSIGNED"] = _join_lists(chosen)
+        cpus = all_cpus
+    else:
+        env["CMK_CPUS_ASSIGNED"] = ",".join(str(c) for c in cpus)
+    env["CMK_CPUS_ASSIGNED_MASK"] = format_cpumask(cpus)
     for pool_name, var in (("shared", "CMK_CPUS_SHARED"), ("infra", "CMK_CPUS_INFRA")):
         if pool_name in pools:
             env[var] = _join_lists(pools[pool_name].cpulists())
+    if where is not None:
+        where.read_l3(*cpus)
+        nodes = {where.node(c) for c in cpus} - {None}
+        env["CMK_NUMA_NODES_ASSIGNED"] = ",".join(str(n) for n in sorted(nodes))  # type: ignore[type-var]
+        l3 = {where.l3(c) for c in cpus} - {None}
+        env["CMK_L3_DOMAINS_ASSIGNED"] = ",".join(str(d) for d in sorted(l3))  # type: ignore[type-var]
     return env
 
 
@@ -406,6 +510,13 @@ def cmd_isolate(opts: dict[str, str | bool], positional: list[str], environ: dic
         socket = str(int(socket_raw))
     else:
         raise UsageError(f"--socket-id={socket_raw!r} is not a socket number (or -1 for any)")
+    node_raw = str(opts.get("--numa-node", "-1"))
+    if node_raw == "-1":
+        numa_node = None
+    elif node_raw.isdigit() and node_raw.isascii() and len(node_raw) <= 9:
+        numa_node = int(node_raw)
+    else:
+        raise UsageError(f"--numa-node={node_raw[:20]!r} is not a NUMA node number (or -1 for any)")
     conf = conf_dir(opts)
     timeout = st.lock_timeout(environ)
     proc_fs = environ.get("CMK_PROC_FS") or "/proc"
@@ -415,14 +526,15 @@ def cmd_isolate(opts: dict[str, str | bool], positional: list[str], environ: dic
         positional = ["/bin/sh", "-c", " ".join(positional)]
     pid, start = self_identity(proc_fs, "record or reclaim tasks", conf)
     signals = _Signals()
-    chosen, pools = acquire(conf, pool_name, socket, environ, pid, start, proc_fs, timeout)
+    where = CpuLocality(environ.get("CPUPOOLS_SYSFS_ROOT") or "/")
+    chosen, pools = acquire(conf, pool_name, socket, environ, pid, start, proc_fs, timeout, numa_node, where)
     status = EXIT_INTERNAL
     try:
         if signals.pending:
             return 128 + signals.pending[0]
-        env = child_env(environ, chosen, pools)
+        cpus = assigned_cpus(chosen, numa_node, where)
+        env = child_env(environ, chosen, pools, cpus, where)
         if not opts.get("--no-affinity"):
-            cpus = [c for cl in chosen for c in cl.cpu_ids]
             try:
                 os.sched_setaffinity(0, cpus)
             except OSError as exc:

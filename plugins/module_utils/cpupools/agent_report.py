@@ -6,6 +6,7 @@ start, does not load it.
 
 from __future__ import annotations
 
+import collections
 import os
 import sys
 
@@ -25,6 +26,8 @@ from .errors import CpupoolsError, StateError
 BATCH_SECONDS = 0.01
 BATCH_MIN_LISTS = 8
 PAUSE_SECONDS = 0.01
+#: Lists whose new ``tasks`` file is prepared before each stretch (``st.PreparedTasks``).
+PREPARE_LISTS = 32
 
 
 def reconcile_pass(
@@ -35,6 +38,9 @@ def reconcile_pass(
     The state is scanned without the lock; only the lists with something to
     remove are then re-read and written under the lock, a few at a time
     (``BATCH_SECONDS``), so isolates never wait long however big the state.
+    Their new ``tasks`` files are written and flushed before the lock is
+    taken (``st.PreparedTasks``): under it, a list costs a read and a rename,
+    so a busy disk does not stretch the hold.
     Under the lock a PID is removed only if it is still recorded with the
     start time seen in the scan and still does not run: our isolate that took
     the list meanwhile wrote its own marker, and a CMK v1.4 isolate that got
@@ -60,7 +66,7 @@ def reconcile_pass(
         strays.clear()
         with st.StateLock(conf, timeout):
             pools = st.read_state(conf, strays=strays)
-    work: list[tuple[st.CpuList, set[tuple[int, int | None]]]] = []
+    work: list[tuple[st.CpuList, set[tuple[int, int | None]], list[int] | None]] = []
     scanned: list[tuple[st.CpuList, list[str], list[int]]] = []
     for pool in pools.values():
         for cl in pool.cpulists():
@@ -68,7 +74,7 @@ def reconcile_pass(
                 names = os.listdir(cl.path)
                 tasks = cl.tasks
             except (OSError, StateError):
-                work.append((cl, set()))  # damaged, or replaced meanwhile: look again under the lock
+                work.append((cl, set(), None))  # damaged, or replaced meanwhile: look again under the lock
                 continue
             cl._starts = st.parse_start_markers(names)
             scanned.append((cl, names, tasks))
@@ -84,31 +90,87 @@ def reconcile_pass(
             if not seen[key]:
                 dead.add(key)
         leftovers = any(st.is_temporary(n) for n in names) or any(p not in tasks for p in cl.starts)
-        if dead or leftovers:
-            work.append((cl, dead))
+        if leftovers:
+            work.append((cl, dead, None))
+        elif dead:
+            work.append((cl, dead, tasks))
     reclaimed: list[dict] = []
     damaged: set[str] = set()
-    i = 0
-    while i < len(work):
-        with st.StateLock(conf, timeout):
-            until = time.monotonic() + BATCH_SECONDS
-            first = i
-            while i < len(work) and (i - first < BATCH_MIN_LISTS or time.monotonic() < until):
-                cl, dead = work[i]
-                i += 1
-                fresh = st.CpuList(cl.pool, cl.socket, cl.cpus, cl.path)
-                try:
-                    removed = _reclaim_list(fresh, dead, proc_fs, marked)
-                except StateError as exc:
-                    # Still there: damaged. Gone: the module dropped it meanwhile, nothing to say.
-                    if os.path.isdir(cl.path):
-                        strays.append(str(exc).removeprefix("state is corrupt: "))
-                        damaged.add(cl.path)
-                    continue
-                cl._tasks = fresh.tasks
+
+    def reclaim_plain(cl: st.CpuList, dead: set[tuple[int, int | None]]) -> None:
+        fresh = st.CpuList(cl.pool, cl.socket, cl.cpus, cl.path)
+        try:
+            removed = _reclaim_list(fresh, dead, proc_fs, marked)
+        except StateError as exc:
+            # Still there: damaged. Gone: the module dropped it meanwhile, nothing to say.
+            if os.path.isdir(cl.path):
+                strays.append(str(exc).removeprefix("state is corrupt: "))
+                damaged.add(cl.path)
+            return
+        cl._tasks = fresh.tasks
+        reclaimed.extend({"pid": pid, "pool": cl.pool, "cpus": cl.cpus} for pid in removed)
+
+    def reclaim_prepared(cl: st.CpuList, dead: set[tuple[int, int | None]], prep: st.PreparedTasks) -> None:
+        """Under the lock: rename the prepared file in if the list is as scanned; else the plain way.
+
+        The markers of the PIDs removed are deleted by ``prep.close()``, after the lock.
+        """
+        try:
+            now = prep.current()
+        except (OSError, StateError):
+            now = None
+        if now is not None:
+            tasks, names = now
+            starts = st.parse_start_markers(names)
+            removed = _still_dead(tasks, starts, dead, proc_fs, marked)
+            kept = [pid for pid in tasks if pid not in removed]
+            if tasks == prep.base and kept == prep.tasks and prep.commit():
+                cl._tasks = kept
                 reclaimed.extend({"pid": pid, "pool": cl.pool, "cpus": cl.cpus} for pid in removed)
-        if i < len(work):
-            time.sleep(PAUSE_SECONDS)
+                prep.markers = [st.marker_name(pid, starts[pid]) for pid in removed if pid in starts]
+                return
+        reclaim_plain(cl, dead)
+
+    # Lists whose only change is dropping dead PIDs get their new tasks file
+    # written and flushed before the lock is taken (st.PreparedTasks); under
+    # the lock each costs one read and one rename. Damaged lists and lists
+    # with crash leftovers are rewritten under the lock as before.
+    queue = collections.deque(work)
+    pending: collections.deque = collections.deque()
+    try:
+        while queue or pending:
+            while queue and len(pending) < PREPARE_LISTS:
+                cl, dead, tasks = queue.popleft()
+                prep = None
+                if tasks is not None:
+                    kept = [p for p in tasks if (p, cl.starts.get(p)) not in dead]
+                    try:
+                        prep = st.PreparedTasks(cl.path, tasks, kept)
+                    except (OSError, StateError):
+                        prep = None  # written the plain way under the lock, which says what is wrong
+                pending.append((cl, dead, prep))
+            done: list[st.PreparedTasks] = []
+            try:
+                with st.StateLock(conf, timeout):
+                    until = time.monotonic() + BATCH_SECONDS
+                    count = 0
+                    while pending and (count < BATCH_MIN_LISTS or time.monotonic() < until):
+                        cl, dead, prep = pending.popleft()
+                        count += 1
+                        if prep is None:
+                            reclaim_plain(cl, dead)
+                        else:
+                            done.append(prep)
+                            reclaim_prepared(cl, dead, prep)
+            finally:
+                for prep in done:  # markers of removed PIDs name dead processes: no lock needed
+                    prep.close()
+            if queue or pending:
+                time.sleep(PAUSE_SECONDS)
+    finally:
+        for _, _, prep in pending:
+            if prep is not None:
+                prep.close()
     sizes: dict[str, tuple[int, int]] = {}
     for name, pool in pools.items():
         lists = pool.cpulists()
@@ -116,6 +178,17 @@ def reconcile_pass(
         sizes[name] = (len(lists), free)
     reclaimed.sort(key=lambda r: (r["pid"], r["pool"], r["cpus"]))
     return reclaimed, sizes
+
+
+def _still_dead(
+    tasks: list[int], starts: dict[int, int], dead: set[tuple[int, int | None]], proc_fs: str, marked: frozenset
+) -> list[int]:
+    """Under the lock: the PIDs of ``tasks`` found dead in the scan with the same start, and dead still."""
+    return [
+        pid
+        for pid in tasks
+        if (pid, starts.get(pid)) in dead and not st.task_alive(proc_fs, pid, starts.get(pid), marked)
+    ]
 
 
 def _reclaim_list(
@@ -130,11 +203,7 @@ def _reclaim_list(
         # Same PID and same recorded start as when found dead, and still dead: a CMK v1.4 isolate
         # may have taken the list under the same PID since the scan, and it writes no marker. A
         # process started since the scan has a start time no marker of the scan names, so it is kept.
-        removed = [
-            pid
-            for pid in tasks
-            if (pid, cl.starts.get(pid)) in dead and not st.task_alive(proc_fs, pid, cl.starts.get(pid), marked)
-        ]
+        removed = _still_dead(tasks, cl.starts, dead, proc_fs, marked)
         for name in names:
             if st.is_temporary(name):
                 try:  # noqa: SIM105 - contextlib costs ~1 ms of start-up

@@ -304,7 +304,15 @@ def kernel_release(host: Host, forced: str | None) -> str | None:
 
 
 def _field(key: str) -> str:
+    if key in kargs.HUGEPAGE_ARGS:
+        return "hugepages"
     return "isolcpus_flags" if key == "isolcpus" else key
+
+
+def _hint(key: str) -> str:
+    if key in kargs.HUGEPAGE_ARGS:
+        return "and give those pages in cpupools_hugepages"
+    return "or use cpupools_isolcpus_source: adopt"
 
 
 def grub_backend(host: Host, params: Mapping, desired: Mapping[str, str]) -> dict:
@@ -336,7 +344,7 @@ def grub_backend(host: Host, params: Mapping, desired: Mapping[str, str]) -> dic
                 continue
             raise KernelArgsError(
                 f"{where} sets {key}={user_value}, and the plan needs {key}={value}. cpupools never edits that file: "
-                f"remove {key}= from it (or use cpupools_isolcpus_source: adopt). Nothing was written",
+                f"remove {key}= from it ({_hint(key)}). Nothing was written",
                 _field(key),
             )
         ours[key] = value

@@ -27,12 +27,16 @@ from dataclasses import dataclass
 
 from .cpulist import ISOLCPUS_FLAGS, parse_cpulist
 from .errors import CpulistError, PlanError
+from .hugepages import parse_entries as to_hugepages
+from .hugepages import parse_size, size_label
+from .kubelet import RUNTIMES, TOPOLOGY_POLICIES, TOPOLOGY_SCOPES, to_policy_options
 
 PREFIX = "cpupools_"
 MODES = ("packed", "spread")
 SOURCES = ("generate", "adopt")
 ISOLATABLE_POOLS = ("exclusive", "shared")
 STATES = ("present", "absent")
+HT_POLICIES = ("multiThreaded", "singleThreaded")
 #: Counts of cores and seconds are bounded so that no typed number means
 #: "more than any machine has"; the plan then says what the host can fit.
 MAX_COUNT = 1_000_000
@@ -46,6 +50,7 @@ _DNS_SUBDOMAIN_RE = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[
 _NAME_RE = re.compile(r"^(?=.{1,63}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _LABEL_VALUE_RE = re.compile(r"^((?=.{1,63}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 _NAMESPACE_RE = re.compile(r"^(?=.{1,63}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_UNIT_RE = re.compile(r"^[A-Za-z0-9@_.:-]{1,200}$")
 _SERIAL_RE = re.compile(r"^[0-9]{1,3}%$")
 
 
@@ -250,6 +255,25 @@ def to_resource(raw: object, field: str) -> str:
     return text
 
 
+def to_label_key(raw: object, field: str) -> str:
+    """A label (or annotation) key with a domain prefix: ``example.com/name``."""
+    text = to_str(raw, field)
+    prefix, slash, short = text.rpartition("/")
+    if not slash or not _DNS_SUBDOMAIN_RE.match(prefix) or not _NAME_RE.match(short):
+        raise InputError(f"{show(raw)} is not a Kubernetes label name with a domain (like example.com/inject)", field)
+    return text
+
+
+#: Kubernetes spells these exactly so, and the role passes the value on as given.
+FAILURE_POLICIES = ("Fail", "Ignore")
+
+
+def _failure_policy(raw: object, field: str) -> str:
+    if isinstance(raw, str) and raw in FAILURE_POLICIES:
+        return raw
+    raise InputError(f"{show(raw)} is not one of {', '.join(FAILURE_POLICIES)} (spelt exactly so)", field)
+
+
 def to_serial(raw: object, field: str) -> int | str:
     if isinstance(raw, str) and _SERIAL_RE.match(raw.strip()):
         percent = int(raw.strip()[:-1])
@@ -303,6 +327,12 @@ def _shebang(raw: object, field: str) -> str:
     return text
 
 
+def _page_size(raw: object, field: str) -> str:
+    """A hugepage size (``1G``, ``2M``) or ``""`` for the kernel's own default."""
+    text = to_str(raw, field, allow_empty=True)
+    return size_label(parse_size(text, field)) if text else ""
+
+
 def _namespaces(raw: object, field: str) -> list[str]:
     names = [to_str(item, field) for item in to_list(raw, field)]
     for name in names:
@@ -322,7 +352,7 @@ def _task_group(raw: object, field: str) -> str:
 #: roles' ``defaults/main.yml`` (a test compares them).
 SPEC: dict[str, Var] = {
     # cpupools_plan
-    "root": _var("plan agent kernel", _path(), "/", "path"),
+    "root": _var("plan agent kernel kubelet", _path(), "/", "path"),
     "facts_root": _var("plan kernel", _path(), "/", "path", derived=True),
     "num_exclusive_cores": _var("plan", to_count, 4, "int"),
     "num_shared_cores": _var("plan", to_count, 1, "int"),
@@ -341,6 +371,9 @@ SPEC: dict[str, Var] = {
     ),
     "isolate_cpu0": _var("plan", to_bool, False, "bool"),
     "plan_check_stages": _var("plan", to_bool, True, "bool"),
+    "hugepages": _var("plan", to_hugepages, [], "raw"),
+    "hugepages_default_size": _var("plan", _page_size, ""),
+    "hugepages_keep_free_mb": _var("plan", _int(0, 1 << 30), 1024, "int"),
     # shared by the node roles
     "state": _var("agent kernel k8s", _choice(STATES), "present", choices=STATES),
     # cpupools_kernel
@@ -378,7 +411,20 @@ SPEC: dict[str, Var] = {
         "reservedSystemCPUs",
         choices=("reservedSystemCPUs", "systemReserved"),
     ),
-    "kubelet_config_dir": _var("kernel", _path(), "/etc/kubernetes/kubelet.conf.d"),
+    "kubelet_config_dir": _var("kernel kubelet", _path(), "/etc/kubernetes/kubelet.conf.d"),
+    # How exclusive CPUs reach workloads (docs/kubelet.md); the kubelet runtime's knobs
+    "runtime": _var("plan agent kernel k8s kubelet", _choice(RUNTIMES), "cmk", choices=RUNTIMES),
+    "kubelet_policy_options": _var("kernel kubelet", to_policy_options, "auto", "raw"),
+    "kubelet_topology_policy": _var(
+        "kernel kubelet", _choice(TOPOLOGY_POLICIES), "best-effort", choices=TOPOLOGY_POLICIES
+    ),
+    "kubelet_topology_scope": _var("kernel kubelet", _choice(TOPOLOGY_SCOPES), "container", choices=TOPOLOGY_SCOPES),
+    "kubelet_state_file": _var("kernel kubelet", _path(), "/var/lib/kubelet/cpu_manager_state", "path"),
+    "kubelet_service": _var(
+        "kubelet", _str(False, re.compile(r"^[A-Za-z0-9@_.:-]{1,200}$"), "a systemd unit name"), "kubelet"
+    ),
+    "kubelet_restart_timeout": _var("kubelet", _int(1, 3600), 120, "int"),
+    "kubelet_simulate_command": _var("kubelet", to_argv, [], "list"),
     # cpupools_agent
     "conf_dir": _var("agent", _path(), "/etc/cmk", "path"),
     "agent_path": _var("agent", _path(), "/opt/bin/cmk", "path"),
@@ -409,6 +455,12 @@ SPEC: dict[str, Var] = {
     "k8s_drain_timeout": _var("k8s", _int(1, 86400), 300, "int"),
     "k8s_drain_poll_interval": _var("k8s", to_number, 2, "float"),
     "k8s_drain_delete_unmanaged": _var("k8s", to_bool, False, "bool"),
+    "k8s_admission": _var("k8s", to_bool, True, "bool"),
+    "k8s_admission_opt_in": _var("k8s", to_label_key, "cmk.intel.com/mutate"),
+    "k8s_admission_failure_policy": _var("k8s", _failure_policy, "Fail", choices=FAILURE_POLICIES),
+    # runtimes other than cmk (module_utils/cpupools/runtimes.py, docs/runtimes.md)
+    "pooler_ht_policy": _var("k8s", _choice(HT_POLICIES), "multiThreaded", choices=HT_POLICIES),
+    "runtime_namespace": _var("k8s", _str(False, _NAMESPACE_RE, "a Kubernetes namespace name"), "kube-system"),
     # cpupools_cmk_retire
     "cmk_retire_namespaces": _var("cmk_retire", _namespaces, ["default", "intel-cmk"], "list"),
     # cpupools_report
@@ -459,14 +511,29 @@ INTERNAL = frozenset(
         "k8s_node_result",
         "k8s_skip_reason",
         "k8s_applied",
+        "k8s_admission_result",
+        "k8s_admission_publisher",
+        "k8s_admission_departing",
+        "k8s_runtime_result",
         "report_input",
         "report_result",
         "kernel_cpuaffinity_path",
         "kernel_irqbalance_path",
         "kernel_kubelet_file",
         "kernel_kubelet_path",
+        "kernel_kubelet_result",
+        "kubelet_restart_required",
+        "kubelet_restart_reason",
         "kernel_templates",
         "plan_inputs",
+        "kernel_hugepages_conf",
+        "kernel_hugepages_script",
+        "kernel_hugepages_unit",
+        "kernel_hugepages_files",
+        "kernel_hugepages_service",
+        "kernel_hugepages_predicted",
+        "kernel_hugepages_runtime",
+        "kernel_hugepages_started",
     }
 )
 

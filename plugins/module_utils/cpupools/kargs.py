@@ -3,11 +3,14 @@
 Pure text in, text out: ``bootloader.py`` does the reading, writing and
 running of commands.
 
-cpupools owns exactly four kernel arguments (``OWNED``): ``isolcpus``,
-``nohz_full``, ``rcu_nocbs`` and ``irqaffinity``. Every other argument on a
-command line belongs to the operator and is carried through byte for byte.
+cpupools owns the kernel arguments in ``OWNED``: four CPU lists
+(``isolcpus``, ``nohz_full``, ``rcu_nocbs``, ``irqaffinity``) and the boot
+reservation of hugepages (``default_hugepagesz``, ``hugepagesz``,
+``hugepages``). Every other argument on a command line belongs to the
+operator and is carried through byte for byte.
 
-* ``derive_kernel_args``: the plan -> the owned arguments (compressed cpulists).
+* ``derive_kernel_args``: the plan -> the owned arguments (compressed cpulists,
+  and the hugepage arguments of ``plan["hugepages"]["boot"]``).
 * ``validate_kernel_args`` / ``check_cmdline_length``: refuse what the kernel
   would reject or silently ignore, with the numbers.
 * ``pending_args``: which owned arguments the running kernel does not have yet
@@ -40,8 +43,11 @@ from .cpulist import (
 )
 from .errors import CpulistError, KernelArgsError
 
-#: The kernel arguments this project owns, in the order they are written.
-OWNED = ("isolcpus", "nohz_full", "rcu_nocbs", "irqaffinity")
+#: The kernel arguments this project owns, in the order they are written
+#: (``hugepages=`` counts pages of the ``hugepagesz=`` before it, so that order matters).
+CPU_ARGS = ("isolcpus", "nohz_full", "rcu_nocbs", "irqaffinity")
+HUGEPAGE_ARGS = ("default_hugepagesz", "hugepagesz", "hugepages")
+OWNED = CPU_ARGS + HUGEPAGE_ARGS
 DEFAULT_ISOLCPUS_FLAGS = ("managed_irq", "domain")
 #: x86's COMMAND_LINE_SIZE (arch/x86/include/asm/setup.h): the buffer holds the
 #: command line and its terminating NUL, so 2047 bytes of arguments fit.
@@ -139,10 +145,38 @@ def _cpus(text: str, what: str) -> list[int]:
         raise KernelArgsError(f"the plan is malformed: {exc}", "plan") from None
 
 
+def hugepage_args(plan: Mapping) -> dict[str, str]:
+    """``default_hugepagesz=``, ``hugepagesz=`` and ``hugepages=`` of ``plan["hugepages"]["boot"]``.
+
+    The boot reservation is global (the kernel spreads it over the NUMA
+    nodes); pages per node are the cpupools-hugepages unit's (hugepages.py).
+    """
+    boot = (plan.get("hugepages") or {}).get("boot") or {}
+    args: dict[str, str] = {}
+    if boot.get("default_size"):
+        args["default_hugepagesz"] = str(boot["default_size"])
+    if boot.get("size") and boot.get("count"):
+        args["hugepagesz"] = str(boot["size"])
+        args["hugepages"] = str(int(boot["count"]))
+    return args
+
+
 def derive_kernel_args(
     plan: Mapping, options: KargsOptions, running_cmdline: str = ""
 ) -> tuple[dict[str, str], list[str]]:
     """The owned arguments the plan asks for, and notes on what was left out and why.
+
+    The hugepage arguments come from ``hugepage_args`` in every mode.
+    """
+    args, notes = _derive_cpu_args(plan, options, running_cmdline)
+    args.update(hugepage_args(plan))
+    return args, notes
+
+
+def _derive_cpu_args(
+    plan: Mapping, options: KargsOptions, running_cmdline: str = ""
+) -> tuple[dict[str, str], list[str]]:
+    """The owned CPU-list arguments the plan asks for, and notes on what was left out and why.
 
     ``generate`` plans: ``isolcpus=<flags>,<isolated CPUs>``; ``nohz_full`` and
     ``rcu_nocbs`` on the exclusive pool; ``irqaffinity`` on the housekeeping
@@ -245,7 +279,7 @@ def validate_kernel_args(
     any isolcpus= and nohz_full= pair; an empty cpulist isolates nothing.
     """
     warnings: list[str] = []
-    parsed = {key: parse_value(key, value) for key, value in args.items()}
+    parsed = {key: parse_value(key, value) for key, value in args.items() if key in CPU_ARGS}
     for key, (_, cpus) in parsed.items():
         if not cpus:
             raise KernelArgsError(
@@ -309,6 +343,8 @@ def check_cmdline_length(cmdline: str, size: int, ours: str, where: str) -> None
 def _normal(key: str, value: str | None) -> object:
     if value is None:
         return None
+    if key in HUGEPAGE_ARGS:
+        return value.strip().lower()
     try:
         flags, cpus = parse_value(key, value)
     except KernelArgsError:

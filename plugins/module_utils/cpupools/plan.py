@@ -4,7 +4,9 @@ Two ways to decide which cores are isolated:
 
 * ``generate`` (default): the plan decides. Infra cores (housekeeping) are
   taken first, then ``exclusive-non-isolcpus`` (given as CPU ids), then the
-  exclusive and shared pools in ``packed`` or ``spread`` order; every core
+  exclusive and shared pools in ``packed`` or ``spread`` order (over
+  sockets, then the NUMA nodes of a socket; on each node the cores that
+  touch the fewest L3 domains); every core
   left over joins infra, so the pools cover every online CPU. The isolated
   CPUs are those of ``isolated_pools`` (exclusive and shared by default).
 * ``adopt``: a node whose ``isolcpus`` was set by hand (a CMK node being
@@ -35,6 +37,7 @@ from .inputs import (
     to_infra,
     to_sst_bf,
 )
+from .locality import fewest_groups
 from .topology import Core, Topology
 
 EXCLUSIVE = "exclusive"
@@ -141,19 +144,63 @@ def _whole_cores(topo: Topology, cpus: Iterable[int], name: str) -> list[Core]:
     return sorted(cores, key=lambda c: c.first)
 
 
-def _balanced(by_socket: Mapping[int, list[Core]], sockets: Sequence[int], count: int | None) -> list[Core]:
-    """Spread: repeatedly take the next core of the socket that has the fewest so far."""
-    queues = {s: list(by_socket.get(s, ())) for s in sockets}
-    taken = {s: 0 for s in sockets}
-    picked: list[Core] = []
-    while count is None or len(picked) < count:
-        live = [s for s in sockets if queues[s]]
+def _node_groups(cores: Sequence[Core], sockets: Sequence[int]) -> dict[tuple[int, int], list[Core]]:
+    """``cores`` grouped by ``(socket, NUMA node)``: sockets in ``sockets`` order, nodes by lowest CPU."""
+    groups: dict[tuple[int, int], list[Core]] = {}
+    for socket in sockets:
+        for core in sorted((c for c in cores if c.socket == socket), key=lambda c: c.first):
+            groups.setdefault((socket, core.node), []).append(core)
+    return groups
+
+
+def _spread_sequence(free: Mapping[tuple[int, int], int], sockets: Sequence[int], count: int | None) -> list:
+    """Spread: the node each successive core comes from.
+
+    The socket with the fewest cores taken so far gives the next core (ties:
+    socket order), and within it the NUMA node with the fewest so far (ties:
+    the node with the lowest CPU). With one node per socket this is the
+    round robin over sockets the planner has always done.
+    """
+    left = dict(free)
+    keys = list(left)
+    by_socket = {s: 0 for s in sockets}
+    by_node = {k: 0 for k in keys}
+    sequence: list[tuple[int, int]] = []
+    while count is None or len(sequence) < count:
+        live = [s for s in sockets if any(left[k] for k in keys if k[0] == s)]
         if not live:
             break
-        socket = min(live, key=lambda s: (taken[s], sockets.index(s)))
-        picked.append(queues[socket].pop(0))
-        taken[socket] += 1
-    return picked
+        socket = min(live, key=lambda s: (by_socket[s], sockets.index(s)))
+        node = min((k for k in keys if k[0] == socket and left[k]), key=lambda k: (by_node[k], keys.index(k)))
+        sequence.append(node)
+        left[node] -= 1
+        by_socket[socket] += 1
+        by_node[node] += 1
+    return sequence
+
+
+def _pick_group(group: Sequence[Core], sockets: Sequence[int], mode: str, count: int | None) -> list[Core]:
+    """``count`` cores (all when ``None``) of ``group``, in hand-out order.
+
+    First how many come from each NUMA node (``packed``: node after node in
+    socket order; ``spread``: ``_spread_sequence``); then, on each node, the
+    cores that touch the fewest L3 cache domains (``locality.fewest_groups``:
+    whole domains before split ones, a partly used domain before a whole one;
+    without L3 information, the node's first free cores).
+    """
+    nodes = _node_groups(group, sockets)
+    if mode == "spread":
+        sequence = _spread_sequence({k: len(v) for k, v in nodes.items()}, sockets, count)
+    else:
+        sequence = []
+        for key, cores in nodes.items():
+            take = len(cores) if count is None else min(len(cores), count - len(sequence))
+            sequence += [key] * take
+    wanted: dict[tuple[int, int], int] = {}
+    for key in sequence:
+        wanted[key] = wanted.get(key, 0) + 1
+    chosen = {key: iter(fewest_groups(nodes[key], lambda c: c.l3, n)) for key, n in wanted.items()}
+    return [next(chosen[key]) for key in sequence]
 
 
 def _pick(free: Sequence[Core], sockets: Sequence[int], mode: str, count: int | None, prefer: set[int]) -> list[Core]:
@@ -166,14 +213,7 @@ def _pick(free: Sequence[Core], sockets: Sequence[int], mode: str, count: int | 
         remaining = None if count is None else count - len(picked)
         if remaining == 0:
             break
-        by_socket: dict[int, list[Core]] = {}
-        for core in sorted(group, key=lambda c: c.first):
-            by_socket.setdefault(core.socket, []).append(core)
-        if mode == "spread":
-            picked += _balanced(by_socket, sockets, remaining)
-        else:
-            ordered = [c for s in sockets for c in by_socket.get(s, ())]
-            picked += ordered if remaining is None else ordered[:remaining]
+        picked += _pick_group(group, sockets, mode, remaining)
     return picked
 
 

@@ -17,7 +17,8 @@ Input: one dict per host (``analyse_host`` documents every key)::
      "k8s": {"enabled": bool,                      # cpupools_k8s_status, or None
              "advertised": {resource: n},
              "expected": {resource: n},
-             "skipped_reason": str}}
+             "skipped_reason": str},
+     "hugepages": [{"size": "1G", "count": 16, "numa_node": 0}, ...]}  # cpupools_hugepages, or None
 
 Every part but ``host`` is optional: an absent part (``None`` or missing) is
 shown as "not collected" and never counts as drift.
@@ -33,17 +34,24 @@ Drift is any difference between what is live on the node and its plan:
   not have;
 * k8s: an advertised extended resource differs from the expected count;
 * plan: the plan names CPUs that are not online any more (the topology moved
-  under the plan).
+  under the plan);
+* hugepages: a node holds another number of pages of a size than planned,
+  and the kernel status says no reboot is pending.
+
+The text is built here; the HTML page is a Jinja2 template (``render_page``)
+over ``page_model``, which holds every value the page shows.
 """
 
 from __future__ import annotations
 
-import html
+import json
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .cpulist import format_cpulist, parse_cpulist
-from .errors import CpupoolsError, ReportError
+from .errors import CpupoolsError, PlanError, ReportError
+from .hugepages import parse_size, size_label
 from .plan import ENI, EXCLUSIVE, EXCLUSIVE_POOLS, INFRA, POOL_ORDER, SHARED
 from .topology import Topology
 
@@ -91,6 +99,36 @@ class Thread:
     pool: str
     pending: str | None = None  # PENDING_ISOLATE / PENDING_RELEASE
     busy: bool = False
+    numa: int | None = None
+    l3: int | None = None
+
+    @property
+    def classes(self) -> str:
+        """CSS classes of the cell: ``t``, the pool colour, the pending mark, the dot."""
+        classes = ["t", f"c-{self.pool}"]
+        if self.pending:
+            classes.append(f"p-{self.pending}")
+        if self.busy:
+            classes.append("busy")
+        return " ".join(classes)
+
+    @property
+    def title(self) -> str:
+        """The cell in words (hover text): pool, place, pending change, live task."""
+        words = [f"CPU {self.cpu}: {self.pool}"]
+        if self.numa is not None:
+            words.append(f"NUMA node {self.numa}")
+        if self.l3 is not None:
+            words.append(f"L3 {self.l3}")
+        if self.pending:
+            words.append(
+                "will be isolated at next boot"
+                if self.pending == PENDING_ISOLATE
+                else "isolated now, released at next boot"
+            )
+        if self.busy:
+            words.append("held by a live task")
+        return "; ".join(words)
 
 
 @dataclass
@@ -100,9 +138,69 @@ class CoreView:
 
 
 @dataclass
+class L3Group:
+    """Cores of one NUMA node that share an L3 cache (``l3`` None: unknown)."""
+
+    l3: int | None
+    label: str
+    boxed: bool  # drawn as a box of its own: its NUMA node holds several L3 domains
+    cores: list[CoreView]
+
+    @property
+    def cols(self) -> int:
+        return max(1, min(8, len(self.cores)))
+
+
+@dataclass
+class NumaView:
+    node: int
+    label: str
+    boxed: bool  # drawn as a box of its own: its socket has several NUMA nodes
+    groups: list[L3Group]
+
+    @property
+    def cores(self) -> list[CoreView]:
+        return [core for group in self.groups for core in group.cores]
+
+
+@dataclass
 class SocketView:
     socket: int
-    numa: list[tuple[int, list[CoreView]]]  # NUMA node -> its cores, in core order
+    label: str
+    numa: list[NumaView]  # in node order
+
+
+@dataclass
+class NumaRow:
+    node: int
+    sockets: str
+    cores: int
+    cpus: int
+    cpulist: str
+    l3: str  # compressed list of its L3 domain ids, "" when unknown
+    pools: dict[str, int]  # pool -> physical cores of the pool on this node
+    distances: str  # "10 21", "" when unknown
+
+
+@dataclass
+class L3Row:
+    l3: int
+    numa: str  # compressed list of the NUMA nodes it spans
+    cores: int
+    cpus: int
+    cpulist: str
+    pools: str  # "exclusive 3, infra 1" (physical cores)
+
+
+@dataclass
+class HugepageRow:
+    node: str  # NUMA node id, or "all" for a count not tied to one node
+    size: str  # canonical: 1G, 2M, 64K
+    planned: str  # "-" when not planned
+    total: str  # "-" when not collected
+    free: str
+    verdict: str  # ok, short by N, N more than planned, pending reboot, not collected, not planned
+    drift: bool = False
 
 
 @dataclass
@@ -131,6 +229,10 @@ class HostView:
     to_release: str = ""
     kernel: str = NOT_COLLECTED
     reboot_required: bool | None = None
+    numa: list[NumaRow] = field(default_factory=list)
+    numa_pools: list[str] = field(default_factory=list)  # pool columns of the NUMA table
+    l3: list[L3Row] = field(default_factory=list)
+    hugepages: list[HugepageRow] = field(default_factory=list)
     resources: list[tuple[str, str, str, str]] = field(default_factory=list)  # name, expected, advertised, verdict
     resources_note: str = ""
     tasks: list[str] = field(default_factory=list)
@@ -141,6 +243,10 @@ class HostView:
     has_topology: bool = False
     has_plan: bool = False
     kernel_unknown: bool = False
+
+    @property
+    def subtitle(self) -> str:
+        return "; ".join(d for d in (self.summary, f"mode {self.mode}" if self.mode else "") if d)
 
     @property
     def pending(self) -> bool:
@@ -227,6 +333,15 @@ def analyse_host(entry: Mapping) -> HostView:
     ``k8s``
         ``enabled`` (bool), ``advertised`` and ``expected`` (resource name ->
         count), ``skipped_reason`` (why nothing was collected).
+    ``hugepages``
+        the planned hugepages (``cpupools_hugepages``): a list of ``size``
+        (``1G``, ``2M``, ``2048kB``), ``count`` and optional ``numa_node``;
+        when absent, the plan's ``hugepages`` list is used if it has one.
+
+    Topology facts beyond ``Topology.from_facts`` are read when present and
+    ignored when absent (older facts): per CPU ``l3`` (L3 cache domain id),
+    ``l3_domains`` (id -> cpulist), ``numa_distances`` (node -> distances to
+    nodes 0..n) and ``hugepages`` (node -> size -> ``total``/``free``).
     """
     if not isinstance(entry, Mapping) or not isinstance(entry.get("host"), str) or not entry.get("host"):
         raise ReportError("every report input needs a 'host' name", None)
@@ -235,6 +350,7 @@ def analyse_host(entry: Mapping) -> HostView:
     plan = _mapping(entry.get("plan"), "plan")
     topo = None
     if facts:
+        _l3_of(facts, None), _distances(facts)  # their own one-line messages, before the model's
         try:
             topo = Topology.from_facts(facts)
         except CpupoolsError as exc:
@@ -285,8 +401,15 @@ def analyse_host(entry: Mapping) -> HostView:
     _k8s(view, _mapping(entry.get("k8s"), "k8s_status"), plan)
     if plan:
         _pool_rows(view, plan, held, topo)
-    if topo is not None:
-        _picture(view, topo, cpu_pool if plan else {}, to_isolate, to_release, busy)
+    if topo is not None and facts is not None:
+        l3_of = _l3_of(facts, topo)
+        _picture(view, topo, cpu_pool if plan else {}, to_isolate, to_release, busy, l3_of)
+        _numa_rows(view, topo, cpu_pool if plan else {}, l3_of, _distances(facts))
+        _l3_rows(view, topo, cpu_pool if plan else {}, l3_of)
+    planned_pages = entry.get("hugepages")
+    if planned_pages is None and plan:
+        planned_pages = plan.get("hugepages")
+    _hugepages(view, planned_pages, facts.get("hugepages") if facts else None)
     return view
 
 
@@ -439,6 +562,64 @@ def _pool_rows(view: HostView, plan: Mapping, held: Mapping[tuple[str, str], int
             view.pools.append(PoolRow(pool, socket, cores, len(cpus), format_cpulist(cpus) or "-", in_use))
 
 
+def _facts_error(message: str) -> ReportError:
+    return ReportError(f"ansible_facts.cpupools: {message}", None)
+
+
+def _fact_int(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise _facts_error(f"{what}: {value!r} is not a number")
+    try:
+        return int(value)
+    except ValueError:
+        raise _facts_error(f"{what}: {value!r} is not a number") from None
+
+
+def _l3_of(facts: Mapping, topo: Topology | None) -> dict[int, int]:
+    """Online CPU -> its L3 domain id; empty when the facts do not say (older facts).
+
+    Per-CPU ``l3`` wins; ``l3_domains`` (id -> cpulist) fills CPUs without one.
+    """
+    out: dict[int, int] = {}
+    for item in facts.get("cpus") or []:
+        if isinstance(item, Mapping) and item.get("l3") is not None:
+            cpu = _fact_int(item.get("id"), "id of a CPU")
+            out[cpu] = _fact_int(item["l3"], f"l3 of cpu{cpu}")
+    domains = facts.get("l3_domains")
+    if domains is not None:
+        if not isinstance(domains, Mapping):
+            raise _facts_error(f"l3_domains: expected a dict of id -> cpulist, got {type(domains).__name__}")
+        for key, cpus in sorted(domains.items(), key=lambda kv: _fact_int(kv[0], "l3_domains id")):
+            l3 = _fact_int(key, "l3_domains id")
+            try:
+                members = parse_cpulist(cpus if cpus is not None else "", f"l3_domains {l3}")
+            except CpupoolsError as exc:
+                raise _facts_error(str(exc)) from None
+            for cpu in members:
+                out.setdefault(cpu, l3)
+    return out if topo is None else {cpu: l3 for cpu, l3 in out.items() if cpu in topo.cpus}
+
+
+def _distances(facts: Mapping) -> dict[int, str]:
+    """NUMA node -> its row of the distance table as text (``10 21``); empty when unknown."""
+    table = facts.get("numa_distances")
+    if table is None:
+        return {}
+    if not isinstance(table, Mapping):
+        raise _facts_error(f"numa_distances: expected a dict of node -> list, got {type(table).__name__}")
+    out = {}
+    for key, row in table.items():
+        node = _fact_int(key, "numa_distances node")
+        if not isinstance(row, Sequence) or isinstance(row, (str, bytes)):
+            raise _facts_error(f"numa_distances {node}: expected a list of distances, got {row!r}")
+        out[node] = " ".join(str(_fact_int(d, f"numa_distances {node}")) for d in row)
+    return out
+
+
+def _ids(values: Iterable[int]) -> str:
+    return format_cpulist(values)
+
+
 def _picture(
     view: HostView,
     topo: Topology,
@@ -446,21 +627,205 @@ def _picture(
     to_isolate: set[int],
     to_release: set[int],
     busy: set[int],
+    l3_of: Mapping[int, int],
 ) -> None:
+    """Sockets -> NUMA nodes -> L3 domains -> cores -> threads, ascending.
+
+    A NUMA node gets a box of its own when its socket has several; an L3
+    domain when its NUMA node holds several. Otherwise the ids go into the
+    label of the enclosing box, so every level is named somewhere.
+    """
+    spans: dict[int, set[int]] = {}
+    for cpu, l3 in l3_of.items():
+        spans.setdefault(l3, set()).add(topo.cpus[cpu].node)
     for socket in topo.sockets:
-        numa: dict[int, list[CoreView]] = {}
+        by_node: dict[int, dict[int | None, list[CoreView]]] = {}
         for core in topo.cores_on(socket):
+            l3 = l3_of.get(core.first)
             threads = [
                 Thread(
                     cpu=cpu,
                     pool=cpu_pool.get(cpu, UNPLANNED),
                     pending=PENDING_ISOLATE if cpu in to_isolate else PENDING_RELEASE if cpu in to_release else None,
                     busy=cpu in busy,
+                    numa=core.node,
+                    l3=l3_of.get(cpu),
                 )
                 for cpu in core.cpus
             ]
-            numa.setdefault(core.node, []).append(CoreView(format_cpulist(core.cpus), threads))
-        view.sockets.append(SocketView(socket, sorted(numa.items())))
+            by_node.setdefault(core.node, {}).setdefault(l3, []).append(CoreView(format_cpulist(core.cpus), threads))
+        socket_cores = sum(len(c) for groups in by_node.values() for c in groups.values())
+        socket_l3 = sorted({g for groups in by_node.values() for g in groups if g is not None})
+        label = f"socket {socket} · {_plural(socket_cores, 'core')} · NUMA node{'s' if len(by_node) > 1 else ''} "
+        label += _ids(by_node)
+        if socket_l3:
+            label += f" · L3 domain{'s' if len(socket_l3) > 1 else ''} {_ids(socket_l3)}"
+        nodes = []
+        for node in sorted(by_node):
+            groups = by_node[node]
+            known = sorted(g for g in groups if g is not None)
+            boxed = len(groups) > 1
+            cores = sum(len(c) for c in groups.values())
+            node_label = f"NUMA node {node} · {_plural(cores, 'core')}"
+            if known:
+                node_label += f" · L3 {_ids(known)}"
+            l3_groups = []
+            for l3 in sorted(groups, key=lambda g: (g is None, g or 0)):
+                if l3 is None:
+                    group_label = f"L3 unknown · {_plural(len(groups[l3]), 'core')}"
+                else:
+                    group_label = f"L3 {l3} · {_plural(len(groups[l3]), 'core')}"
+                    if len(spans.get(l3, ())) > 1:
+                        group_label += f" · shared by NUMA nodes {_ids(spans[l3])}"
+                l3_groups.append(L3Group(l3, group_label, boxed, groups[l3]))
+            nodes.append(NumaView(node, node_label, len(by_node) > 1, l3_groups))
+        view.sockets.append(SocketView(socket, label, nodes))
+
+
+def _cores_per_pool(topo: Topology, cpus: Iterable[int], cpu_pool: Mapping[int, str]) -> dict[str, int]:
+    cores: dict[str, set[int]] = {}
+    for cpu in cpus:
+        if cpu in cpu_pool:
+            cores.setdefault(cpu_pool[cpu], set()).add(topo.core_of(cpu).index)
+    return {pool: len(cores[pool]) for pool in _ordered_pools(cores)}
+
+
+def _numa_rows(
+    view: HostView,
+    topo: Topology,
+    cpu_pool: Mapping[int, str],
+    l3_of: Mapping[int, int],
+    distances: Mapping[int, str],
+) -> None:
+    """One row per NUMA node: where it is, what it holds, how far the others are."""
+    view.numa_pools = _ordered_pools(set(cpu_pool.values()))
+    for node, cpus in sorted(topo.numa_nodes.items()):
+        view.numa.append(
+            NumaRow(
+                node=node,
+                sockets=_ids({topo.cpus[c].socket for c in cpus}),
+                cores=len({topo.core_of(c).index for c in cpus}),
+                cpus=len(cpus),
+                cpulist=format_cpulist(cpus),
+                l3=_ids({l3_of[c] for c in cpus if c in l3_of}),
+                pools=_cores_per_pool(topo, cpus, cpu_pool),
+                distances=distances.get(node, ""),
+            )
+        )
+
+
+def _l3_rows(view: HostView, topo: Topology, cpu_pool: Mapping[int, str], l3_of: Mapping[int, int]) -> None:
+    """One row per L3 domain, when the facts name them."""
+    members: dict[int, list[int]] = {}
+    for cpu in sorted(l3_of):
+        members.setdefault(l3_of[cpu], []).append(cpu)
+    for l3, cpus in sorted(members.items()):
+        pools = _cores_per_pool(topo, cpus, cpu_pool)
+        view.l3.append(
+            L3Row(
+                l3=l3,
+                numa=_ids({topo.cpus[c].node for c in cpus}),
+                cores=len({topo.core_of(c).index for c in cpus}),
+                cpus=len(cpus),
+                cpulist=format_cpulist(cpus),
+                pools=", ".join(f"{pool} {n}" for pool, n in pools.items()),
+            )
+        )
+
+
+def _page_kb(value: object, what: str, field_name: str | None) -> int:
+    """A hugepage size (``1G``, ``2M``, ``2048kB``, sysfs' ``hugepages-2048kB``, bare kB) in kB."""
+    text = f"{value}kB" if isinstance(value, int) and not isinstance(value, bool) else value
+    if isinstance(text, str):
+        text = text.strip().removeprefix("hugepages-")
+    try:
+        return parse_size(text)
+    except PlanError:
+        message = f"{what}: {value!r} is not a hugepage size (1G, 2M, 2048kB)"
+        raise ReportError(message, field_name) if field_name else _facts_error(message) from None
+
+
+def _planned_pages(planned: object) -> dict[tuple[str, int], int]:
+    """``(node or "all", size kB) -> count`` from ``cpupools_hugepages``."""
+    if isinstance(planned, str):
+        try:
+            planned = json.loads(planned) if planned.strip() else []
+        except ValueError:
+            raise ReportError(f"{planned!r} is not a list of hugepage reservations", "hugepages") from None
+    if not isinstance(planned, Sequence) or isinstance(planned, (str, bytes)):
+        raise ReportError(f"expected a list of {{size, count, numa_node}}, got {type(planned).__name__}", "hugepages")
+    out: dict[tuple[str, int], int] = {}
+    for item in planned:
+        if not isinstance(item, Mapping):
+            raise ReportError(f"expected a dict with size and count, got {item!r}", "hugepages")
+        kb = _page_kb(item.get("size"), "size", "hugepages")
+        count = _int(item.get("count"), f"count of {item.get('size')}", "hugepages")
+        if count < 0:
+            raise ReportError(f"count of {item.get('size')}: {count} is negative", "hugepages")
+        node = item.get("numa_node")
+        key = "all" if node is None or node == "" else str(_int(node, "numa_node", "hugepages"))
+        out[(key, kb)] = out.get((key, kb), 0) + count
+    return out
+
+
+def _present_pages(present: object) -> dict[tuple[str, int], tuple[int, int]]:
+    """``(node, size kB) -> (total, free)`` from the ``hugepages`` facts."""
+    if not isinstance(present, Mapping):
+        raise _facts_error(f"hugepages: expected a dict of node -> size -> counts, got {type(present).__name__}")
+    out: dict[tuple[str, int], tuple[int, int]] = {}
+    for node, sizes in present.items():
+        key = str(_fact_int(node, "hugepages node"))
+        if not isinstance(sizes, Mapping):
+            raise _facts_error(f"hugepages {key}: expected a dict of size -> counts, got {sizes!r}")
+        for size, counts in sizes.items():
+            kb = _page_kb(size, f"hugepages {key} size", None)
+            if not isinstance(counts, Mapping):
+                raise _facts_error(f"hugepages {key} {size}: expected total and free, got {counts!r}")
+            what = f"hugepages {key} {size}"
+            out[(key, kb)] = (
+                _fact_int(counts.get("total", 0), f"{what} total"),
+                _fact_int(counts.get("free", 0), f"{what} free"),
+            )
+    return out
+
+
+def _hugepages(view: HostView, planned: object, present: object) -> None:
+    """Planned against present hugepages, per NUMA node and size."""
+    want = _planned_pages(planned) if planned is not None else {}
+    have = _present_pages(present) if present is not None else {}
+    keys = set(want) | {k for k, (total, _) in have.items() if total}
+    for node, kb in sorted(keys, key=lambda k: (k[0] == "all", int(k[0]) if k[0] != "all" else 0, k[1])):
+        size = size_label(kb)
+        count = want.get((node, kb))
+        if node == "all":
+            found = [v for (n, k), v in have.items() if k == kb]
+            counts = (sum(t for t, _ in found), sum(f for _, f in found)) if found else None
+        else:
+            counts = have.get((node, kb))
+        if present is None:
+            total = free = "-"
+        else:
+            total, free = (str(counts[0]), str(counts[1])) if counts else ("0", "0")
+        where = "all NUMA nodes" if node == "all" else f"NUMA node {node}"
+        if count is None:
+            verdict = "not planned"
+        elif present is None:
+            verdict = NOT_COLLECTED
+        elif int(total) == count:
+            verdict = "ok"
+        elif view.reboot_required:
+            verdict = "pending reboot"
+        else:
+            diff = int(total) - count
+            verdict = f"short by {-diff}" if diff < 0 else f"{diff} more than planned"
+            if view.reboot_required is None:
+                # As for the kernel: without its status nobody knows whether a reboot is due.
+                verdict += f" (kernel status {NOT_COLLECTED})"
+            else:
+                view.drift.append(f"hugepages: {where} holds {total} {size} pages, the plan {count}")
+        planned_text = "-" if count is None else str(count)
+        drifted = verdict.startswith("short") or verdict.endswith("than planned")
+        view.hugepages.append(HugepageRow(node, size, planned_text, total, free, verdict, drifted))
 
 
 def analyse(hosts: Sequence[Mapping]) -> list[HostView]:
@@ -532,6 +897,7 @@ def host_lines(view: HostView) -> list[str]:
         lines += ["  " + line for line in _table(rows, right=(2, 3))]
     else:
         lines.append(f"  pools: {'no plan' if not view.has_plan else 'none'} ({NOT_COLLECTED})")
+    lines += numa_lines(view)
     label = lambda name: f"  {name:<15} "  # noqa: E731
     iso = f"active {view.isolated_active or 'none'}" if view.isolated_active is not None else f"active {NOT_COLLECTED}"
     iso += f"; planned {view.isolated_planned or 'none'}" if view.isolated_planned is not None else ""
@@ -551,6 +917,10 @@ def host_lines(view: HostView) -> list[str]:
             lines.append(label("resources" if i == 0 else "") + text)
     else:
         lines.append(label("resources") + (view.resources_note or "none expected"))
+    for i, row in enumerate(view.hugepages):
+        text = f"{'all NUMA nodes' if row.node == 'all' else 'NUMA node ' + row.node} {row.size}: "
+        text += f"planned {row.planned}, total {row.total}, free {row.free}; {row.verdict}"
+        lines.append(label("hugepages" if i == 0 else "") + text)
     lines.append(label("live tasks") + view.tasks_note)
     lines += [label("") + t for t in view.tasks]
     lines.append(label("stranded CPUs") + (view.stranded if view.stranded is not None else NOT_COLLECTED))
@@ -559,6 +929,29 @@ def host_lines(view: HostView) -> list[str]:
             lines.append(label(title) + "none")
         for i, item in enumerate(items):
             lines.append(label(title if i == 0 else "") + item)
+    return lines
+
+
+def numa_lines(view: HostView) -> list[str]:
+    """The NUMA table (pool columns count physical cores) and, when known, the L3 table."""
+    if not view.numa:
+        return []
+    known_l3 = any(r.l3 for r in view.numa)
+    known_dist = any(r.distances for r in view.numa)
+    head = ["numa", "socket", "cores", "cpus", "cpulist"] + (["l3"] if known_l3 else []) + view.numa_pools
+    head += ["distances"] if known_dist else []
+    rows = [head]
+    for r in view.numa:
+        row = [str(r.node), r.sockets, str(r.cores), str(r.cpus), r.cpulist] + ([r.l3 or "-"] if known_l3 else [])
+        row += [str(r.pools.get(pool, 0)) for pool in view.numa_pools]
+        row += [r.distances or "-"] if known_dist else []
+        rows.append(row)
+    counts = [2, 3, *range(5 + known_l3, 5 + known_l3 + len(view.numa_pools))]
+    lines = ["  " + line for line in _table(rows, right=counts)]
+    if view.l3:
+        rows = [["l3", "numa", "cores", "cpus", "cpulist", "pools (cores)"]]
+        rows += [[str(r.l3), r.numa, str(r.cores), str(r.cpus), r.cpulist, r.pools] for r in view.l3]
+        lines += ["  " + line for line in _table(rows, right=(2, 3))]
     return lines
 
 
@@ -583,207 +976,82 @@ def render_text(hosts: Sequence[Mapping], failed: Sequence[str] = (), generated:
 
 
 # HTML --------------------------------------------------------------------------
+#
+# The page is the Jinja2 template roles/cpupools_report/templates/cpupools-report.html.j2
+# (its CSS in cpupools-report.css beside it). Python computes every value the
+# page shows (``page_model``); the template only lays them out.
 
-_CSS = """
-body{font:14px/1.4 system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;color:#1a1a1a;
-background:#fff;margin:24px;max-width:1340px}
-h1{font-size:22px;margin:0 0 4px}h2{font-size:18px;margin:0 0 6px}
-.fleet{margin:0 0 12px;font-weight:600}.generated{color:#555;margin:0 0 8px}
-.legend{display:flex;flex-wrap:wrap;gap:6px 18px;margin:0 0 20px;padding:8px 12px;border:1px solid #ccc;
-border-radius:6px;background:#fafafa}
-.legend span{display:inline-flex;align-items:center;gap:6px}
-.legend .t{width:22px;height:16px;font-size:0}
-.host{border:1px solid #bbb;border-radius:8px;padding:14px 16px;margin:0 0 24px}
-.badge{display:inline-block;padding:1px 8px;border-radius:10px;font-size:12px;font-weight:600;margin-left:8px;
-vertical-align:middle}
-.b-ok{background:#e3f2e8;color:#0b5d2a}.b-pending{background:#fff1d6;color:#7a4b00}
-.b-drift{background:#fde2d6;color:#8a2a00}.b-unplanned{background:#eee;color:#444}
-.sub{color:#444;margin:0 0 10px}
-.node{display:flex;flex-wrap:wrap;gap:12px;margin:0 0 14px}
-.socket{border:2px solid #555;border-radius:8px;padding:6px 8px 8px}
-.socket>.name,.numa>.name{font-size:12px;font-weight:600;color:#333;margin:0 0 4px}
-.numa{border:1px dashed #999;border-radius:6px;padding:4px 6px 6px;margin:4px 0 0}
-.cores{display:grid;grid-template-columns:repeat(var(--cols),max-content);gap:4px}
-.core{display:flex;gap:2px;padding:2px;border:1px solid #888;border-radius:4px;background:#fff}
-.t{position:relative;box-sizing:border-box;width:30px;height:24px;border-radius:3px;font-size:11px;
-line-height:24px;text-align:center;font-variant-numeric:tabular-nums}
-.p-isolate{outline:3px solid #e69f00;outline-offset:-3px;
-background-image:repeating-linear-gradient(45deg,rgba(0,0,0,0) 0 5px,rgba(255,255,255,.45) 5px 7px);
-text-shadow:0 0 2px rgba(0,0,0,.8)}
-.p-isolate.c-infra,.p-isolate.c-unplanned{text-shadow:0 0 2px #fff}
-.p-release{outline:3px dashed #e69f00;outline-offset:-3px}
-.busy::after{content:"";position:absolute;top:2px;right:2px;width:6px;height:6px;border-radius:50%;
-background:#111;border:1px solid #fff}
-.offline{margin:4px 0 12px}
-table{border-collapse:collapse;margin:0 0 10px}
-th,td{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top}
-th{background:#f0f0f0}td.n{text-align:right}
-.facts th{width:140px}
-.drift{color:#8a2a00}.warn{color:#7a4b00}
-code{font-family:ui-monospace,"DejaVu Sans Mono",monospace;font-size:12px}
-"""
+#: The template the report module renders, relative to the role's templates/.
+TEMPLATE = "cpupools-report.html.j2"
 
 
-def _esc(value: object) -> str:
-    return html.escape(str(value), quote=True)
+def legend() -> list[dict[str, str]]:
+    """The legend: one swatch per CPU class, then the marks."""
+    items = [{"classes": f"t c-{name}", "text": DESCRIPTIONS[name]} for name in CPU_CLASSES]
+    items += [
+        {"classes": f"t c-{INFRA} p-{PENDING_ISOLATE}", "text": "hatched, orange frame: isolated at next boot"},
+        {
+            "classes": f"t c-{EXCLUSIVE} p-{PENDING_RELEASE}",
+            "text": "dashed orange frame: isolated now, released at next boot",
+        },
+        {"classes": f"t c-{EXCLUSIVE} busy", "text": "dot: held by a live task"},
+    ]
+    return items
 
 
-def _thread_css() -> str:
-    return "".join(f".c-{name}{{background-color:{bg};color:{fg}}}" for name, (bg, fg) in COLOURS.items()) + (
-        f".c-{UNPLANNED}{{border:1px solid #888}}.c-{OFFLINE}{{font-size:10px}}"
+def page_model(
+    views: Sequence[HostView],
+    failed: Sequence[str] = (),
+    title: str = "cpupools report",
+    generated: str | None = None,
+) -> dict:
+    """Everything the HTML template shows, computed; the template adds only markup."""
+    return {
+        "title": title,
+        "generated": generated or "",
+        "fleet": fleet_summary(views, failed),
+        "legend": legend(),
+        "colours": [{"name": name, "bg": bg, "fg": fg} for name, (bg, fg) in COLOURS.items()],
+        "not_collected": NOT_COLLECTED,
+        "offline": OFFLINE,
+        "hosts": list(views),
+    }
+
+
+def render_page(model: Mapping, template: str) -> str:
+    """Render ``page_model`` output with the template file ``template``.
+
+    Runs on the controller only (the report module is delegated to localhost
+    with the controller's Python), the one place of module_utils that needs a
+    package beyond the standard library: jinja2, which Ansible itself needs.
+    Every value is escaped (autoescape); undefined names are errors.
+    """
+    try:
+        import jinja2  # controller only: the node agent never renders HTML
+    except ImportError:
+        raise ReportError("rendering the HTML page needs the jinja2 package (run on the controller's Python)") from None
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(os.path.dirname(os.path.abspath(template))),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
     )
-
-
-def _thread_html(t: Thread) -> str:
-    classes = [f"t c-{t.pool}"]
-    title = [f"CPU {t.cpu}: {t.pool}"]
-    if t.pending:
-        classes.append(f"p-{t.pending}")
-        title.append(
-            "will be isolated at next boot" if t.pending == PENDING_ISOLATE else "isolated now, released at next boot"
-        )
-    if t.busy:
-        classes.append("busy")
-        title.append("held by a live task")
-    return f'<div class="{_esc(" ".join(classes))}" title="{_esc("; ".join(title))}">{t.cpu}</div>'
-
-
-def _legend() -> str:
-    items = [f'<span><span class="t c-{name}"></span>{_esc(DESCRIPTIONS[name])}</span>' for name in CPU_CLASSES]
-    items.append(
-        f'<span><span class="t c-{INFRA} p-{PENDING_ISOLATE}"></span>'
-        "hatched, orange frame: isolated at next boot</span>"
-    )
-    items.append(
-        f'<span><span class="t c-{EXCLUSIVE} p-{PENDING_RELEASE}"></span>dashed orange frame: '
-        "isolated now, released at next boot</span>"
-    )
-    items.append(f'<span><span class="t c-{EXCLUSIVE} busy"></span>dot: held by a live task</span>')
-    return '<div class="legend" id="legend">' + "".join(items) + "</div>"
-
-
-def _picture_html(view: HostView) -> str:
-    if not view.sockets:
-        return f'<p class="sub">Node picture: topology {NOT_COLLECTED}.</p>'
-    parts = ['<div class="node">']
-    for sock in view.sockets:
-        cores = sum(len(c) for _, c in sock.numa)
-        cols = max(1, min(8, cores if len(sock.numa) == 1 else max(len(c) for _, c in sock.numa)))
-        nodes = ", ".join(str(n) for n, _ in sock.numa)
-        parts.append(
-            f'<div class="socket" data-socket="{sock.socket}"><div class="name">socket {sock.socket} · '
-            f"{_plural(cores, 'core')} · NUMA node{'s' if len(sock.numa) > 1 else ''} {nodes}</div>"
-        )
-        for node, node_cores in sock.numa:
-            inner = "".join(
-                f'<div class="core" title="core {_esc(core.label)}">'
-                + "".join(_thread_html(t) for t in core.threads)
-                + "</div>"
-                for core in node_cores
-            )
-            grid = f'<div class="cores" style="--cols:{min(cols, len(node_cores))}">{inner}</div>'
-            if len(sock.numa) > 1:
-                parts.append(f'<div class="numa"><div class="name">NUMA node {node}</div>{grid}</div>')
-            else:
-                parts.append(grid)
-        parts.append("</div>")
-    parts.append("</div>")
-    if view.offline:
-        cells = "".join(f'<div class="t c-{OFFLINE}" title="CPU {c}: offline">{c}</div>' for c in view.offline)
-        parts.append(
-            f'<div class="offline"><div class="sub">Offline CPUs (no topology while offline):</div>'
-            f'<div class="core" style="display:inline-flex">{cells}</div></div>'
-        )
-    return "".join(parts)
-
-
-def _facts_html(view: HostView) -> str:
-    rows: list[tuple[str, str]] = []
-    iso = _esc(view.isolated_active or "none") if view.isolated_active is not None else NOT_COLLECTED
-    iso = f"active <code>{iso}</code>"
-    if view.isolated_planned is not None:
-        iso += f"; planned <code>{_esc(view.isolated_planned or 'none')}</code>"
-    if view.to_isolate:
-        iso += f"; to isolate <code>{_esc(view.to_isolate)}</code>"
-    if view.to_release:
-        iso += f"; to release <code>{_esc(view.to_release)}</code>"
-    rows.append(("Isolated CPUs", iso))
-    rows.append(("Kernel", _esc(view.kernel)))
-    if view.resources:
-        res = "<br>".join(
-            f"<code>{_esc(n)}</code>: expected {_esc(w)}, advertised {_esc(h)} "
-            + (f"<b>{_esc(v)}</b>" if v else f"({_esc(view.resources_note)})")
-            for n, w, h, v in view.resources
-        )
-    else:
-        res = _esc(view.resources_note or "none expected")
-    rows.append(("Extended resources", res))
-    tasks = _esc(view.tasks_note)
-    if view.tasks:
-        tasks += "<br>" + "<br>".join(f"<code>{_esc(t)}</code>" for t in view.tasks)
-    rows.append(("Live tasks", tasks))
-    rows.append(("Stranded CPUs", _esc(view.stranded) if view.stranded is not None else NOT_COLLECTED))
-    drift = "<br>".join(f'<span class="drift">{_esc(d)}</span>' for d in view.drift) or "none"
-    warn = "<br>".join(f'<span class="warn">{_esc(w)}</span>' for w in view.warnings) or "none"
-    rows.append(("Drift", drift))
-    rows.append(("Warnings", warn))
-    return '<table class="facts">' + "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows) + "</table>"
-
-
-def _pools_html(view: HostView) -> str:
-    if not view.pools:
-        return f'<p class="sub">Pools: {"no plan" if not view.has_plan else "none"} ({NOT_COLLECTED}).</p>'
-    head = "<tr><th>pool</th><th>socket</th><th>cores</th><th>CPUs</th><th>cpulist</th><th>in use</th></tr>"
-    body = "".join(
-        f'<tr><td><span class="t c-{_esc(r.pool)}" style="display:inline-block;width:12px;height:12px;'
-        f'vertical-align:middle;margin-right:6px"></span>{_esc(r.pool)}</td><td class="n">{_esc(r.socket)}</td>'
-        f'<td class="n">{_esc(r.cores)}</td><td class="n">{r.cpus}</td><td><code>{_esc(r.cpulist)}</code></td>'
-        f"<td>{_esc(r.in_use)}</td></tr>"
-        for r in view.pools
-    )
-    return f'<table class="pools">{head}{body}</table>'
-
-
-def _host_html(view: HostView) -> str:
-    sub = "; ".join(d for d in (view.summary, f"mode {view.mode}" if view.mode else "") if d)
-    return (
-        f'<section class="host" id="host-{_esc(view.host)}" data-status="{view.status}">'
-        f'<h2>{_esc(view.host)}<span class="badge b-{view.status}">{view.status}</span></h2>'
-        + (f'<p class="sub">{_esc(sub)}</p>' if sub else "")
-        + _picture_html(view)
-        + _pools_html(view)
-        + _facts_html(view)
-        + "</section>"
-    )
+    try:
+        return env.get_template(os.path.basename(template)).render(model)
+    except jinja2.TemplateNotFound as exc:
+        raise ReportError(f"HTML template {exc.name} not found beside {template}", None) from None
+    except jinja2.TemplateError as exc:
+        raise ReportError(f"HTML template {template}: {exc}", None) from None
 
 
 def render_html(
     hosts: Sequence[Mapping],
+    template: str,
     failed: Sequence[str] = (),
     title: str = "cpupools report",
     generated: str | None = None,
 ) -> str:
     """One self-contained HTML page: inline CSS, no script, no external asset."""
-    return html_page(analyse(hosts), failed, title, generated)
-
-
-def html_page(
-    views: Sequence[HostView],
-    failed: Sequence[str] = (),
-    title: str = "cpupools report",
-    generated: str | None = None,
-) -> str:
-    """``render_html`` from views already analysed."""
-    body = [
-        f"<h1>{_esc(title)}</h1>",
-        f'<p class="generated">{_esc(generated)}</p>' if generated else "",
-        f'<p class="fleet" id="fleet">{_esc(fleet_summary(views, failed))}</p>',
-        _legend(),
-        *(_host_html(v) for v in views),
-    ]
-    return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{_esc(title)}</title><style>{_CSS.strip()}{_thread_css()}</style></head>"
-        "<body>\n" + "\n".join(b for b in body if b) + "\n</body></html>\n"
-    )
+    return render_page(page_model(analyse(hosts), failed, title, generated), template)

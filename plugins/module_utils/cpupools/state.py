@@ -806,6 +806,78 @@ def write_tasks(cpulist: CpuList, tasks: list[int], starts: dict[int, int]) -> N
     cpulist._tasks = list(tasks)
 
 
+class PreparedTasks:
+    """A replacement ``tasks`` file of one cpulist, written and flushed before the lock is taken.
+
+    ``cmk reconcile`` prepares these for many lists outside the lock, so that
+    under the lock only a read and a rename remain per list (``commit``): the
+    slow part of a write (creating the file, its data reaching the disk) never
+    delays an isolate waiting for the lock, even on a busy disk.
+    """
+
+    __slots__ = ("base", "dev_ino", "dfd", "markers", "path", "tasks", "tmp")
+
+    def __init__(self, path: str, base: list[int], tasks: list[int]) -> None:
+        self.path = path
+        self.base = list(base)
+        self.tasks = list(tasks)
+        self.markers: list[str] = []  # of the PIDs removed by commit, deleted by close
+        self.dfd = open_dir(path)
+        try:
+            info = os.fstat(self.dfd)
+            self.dev_ino = (info.st_dev, info.st_ino)
+            fd, self.tmp = _new_file(self.dfd, TASKS, path)
+            try:
+                os.write(fd, format_tasks(tasks).encode("ascii"))
+                os.fchmod(fd, _file_mode(self.dfd))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except BaseException:
+            os.close(self.dfd)
+            raise
+
+    def current(self) -> tuple[list[int], list[str]] | None:
+        """Under the lock: ``(tasks, names)`` of the list now, or None when its directory was replaced.
+
+        None also when the prepared file is gone (another reconcile removed it
+        as a crash leftover): the caller then writes the list the plain way.
+        """
+        try:
+            info = os.stat(self.path, follow_symlinks=False)
+        except OSError:
+            return None
+        if (info.st_dev, info.st_ino) != self.dev_ino:
+            return None  # the module swapped the tree in meanwhile
+        names = os.listdir(self.dfd)
+        if self.tmp not in names:
+            return None
+        return parse_tasks(_read_text(TASKS, dir_fd=self.dfd), os.path.join(self.path, TASKS)), names
+
+    def commit(self) -> bool:
+        """Under the lock, after ``current`` showed ``base``: rename the prepared file over ``tasks``."""
+        try:
+            os.rename(self.tmp, TASKS, src_dir_fd=self.dfd, dst_dir_fd=self.dfd)
+        except FileNotFoundError:
+            return False
+        self.tmp = ""
+        return True
+
+    def close(self) -> None:
+        """Remove the prepared file unless committed, and ``markers``; release the directory.
+
+        Needs no lock: a marker names one process (PID and start time), dead
+        here, so no isolate can have written the same name meanwhile.
+        """
+        if self.tmp:
+            _unlink_at(self.dfd, self.tmp)
+            self.tmp = ""
+        for name in self.markers:
+            _unlink_at(self.dfd, name)
+        self.markers = []
+        os.close(self.dfd)
+
+
 def _create_marker(dir_fd: int, name: str, where: str, mode: int | None = None) -> None:
     """Create the empty marker ``name`` in ``dir_fd`` unless a regular file of that name is there.
 

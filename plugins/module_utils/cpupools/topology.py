@@ -10,6 +10,11 @@ on kernels that only have that name), never from CPU numbering. Sockets are
 ordered by their lowest CPU id (CMK's "order of first appearance"), cores by
 their lowest CPU id, and a core's logical index numbers cores system-wide in
 that order, as ``lscpu -p`` numbers its ``Core`` column.
+
+Below the socket: each CPU's NUMA node (``node/nodeN/cpulist``) and last-level
+cache domain (``cache/index*/`` with ``level`` 3: ``shared_cpu_list``, and ``id``
+or else the lowest CPU sharing it), and the NUMA distance table
+(``node/nodeN/distance``); ``locality`` reads them, for the agent too.
 """
 
 from __future__ import annotations
@@ -20,13 +25,25 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from .cpulist import format_cpulist, parse_cpulist, parse_isolcpus, split_cmdline
-from .errors import TopologyError
+from .errors import CpupoolsError, TopologyError
+from .locality import (
+    CPU_DIR,
+    NODE_DIR,
+    l3_domain,
+    node_of_cpus,
+    parse_distances,
+    read_l3,
+    read_node_cpus,
+    read_node_distances,
+    read_text,
+)
 
-CPU_DIR = "sys/devices/system/cpu"
-NODE_DIR = "sys/devices/system/node"
 CMDLINE = "proc/cmdline"
 _CPU_RE = re.compile(r"^cpu(\d+)$")
 _NODE_RE = re.compile(r"^node(\d+)$")
+#: ``files`` keys of ``read_cpu_tree`` for a CPU's L3 (``cpu/cpuN/`` + these).
+L3_SHARED = "cache/l3/shared_cpu_list"
+L3_ID = "cache/l3/id"
 _TOPOLOGY_FILES = ("physical_package_id", "die_id", "core_id", "thread_siblings_list", "core_cpus_list")
 
 
@@ -39,6 +56,8 @@ class Cpu:
     core_id: int
     siblings: tuple[int, ...]
     base_frequency_khz: int | None = None
+    #: L3 cache domain id; ``None`` where sysfs shows no level-3 cache.
+    l3: int | None = None
 
 
 @dataclass(frozen=True)
@@ -51,6 +70,7 @@ class Core:
     node: int
     core_id: int
     cpus: tuple[int, ...]
+    l3: int | None = None
 
     @property
     def first(self) -> int:
@@ -77,6 +97,8 @@ class Topology:
     cpus: dict[int, Cpu]
     offline: tuple[int, ...] = ()
     kernel: KernelArgs = field(default_factory=KernelArgs)
+    #: NUMA node -> its row of the distance table (one entry per node, ascending).
+    numa_distances: dict[int, tuple[int, ...]] = field(default_factory=dict)
     cores: list[Core] = field(init=False)
     sockets: list[int] = field(init=False)
 
@@ -95,6 +117,7 @@ class Topology:
                 node=groups[s].node,
                 core_id=groups[s].core_id,
                 cpus=s,
+                l3=groups[s].l3,
             )
             for i, s in enumerate(ordered)
         ]
@@ -116,9 +139,9 @@ class Topology:
                     raise TopologyError(
                         f"cpu{cpu.id}: sibling cpu{other} is not online; sysfs topology is inconsistent"
                     )
-                if peer.siblings != cpu.siblings or peer.socket != cpu.socket:
+                if peer.siblings != cpu.siblings or peer.socket != cpu.socket or peer.node != cpu.node:
                     raise TopologyError(
-                        f"cpu{cpu.id} and cpu{other} disagree on their siblings or socket "
+                        f"cpu{cpu.id} and cpu{other} disagree on their siblings, socket or NUMA node "
                         f"({format_cpulist(cpu.siblings)} vs {format_cpulist(peer.siblings)})"
                     )
 
@@ -144,6 +167,24 @@ class Topology:
         for cpu_id in sorted(self.cpus):
             nodes.setdefault(self.cpus[cpu_id].node, []).append(cpu_id)
         return dict(sorted(nodes.items()))
+
+    @property
+    def l3_domains(self) -> dict[int, list[int]]:
+        """L3 cache domain id -> its online CPUs (CPUs without an L3 left out)."""
+        domains: dict[int, list[int]] = {}
+        for cpu_id in sorted(self.cpus):
+            l3 = self.cpus[cpu_id].l3
+            if l3 is not None:
+                domains.setdefault(l3, []).append(cpu_id)
+        return dict(sorted(domains.items()))
+
+    def nodes_on(self, socket: int) -> list[int]:
+        """NUMA nodes of ``socket``'s cores, ordered by their lowest CPU id."""
+        out: list[int] = []
+        for core in self.cores_on(socket):
+            if core.node not in out:
+                out.append(core.node)
+        return out
 
     @property
     def sst_bf_cpus(self) -> list[int]:
@@ -187,6 +228,7 @@ class Topology:
                     "core": self.core_of(cpu.id).index,
                     "siblings": format_cpulist(cpu.siblings),
                     "base_frequency_khz": cpu.base_frequency_khz,
+                    "l3": cpu.l3,
                 }
                 for cpu in (self.cpus[i] for i in sorted(self.cpus))
             ],
@@ -195,6 +237,8 @@ class Topology:
             "sockets": socket_facts,
             "socket_order": list(self.sockets),
             "numa_nodes": {str(n): format_cpulist(cpus) for n, cpus in self.numa_nodes.items()},
+            "numa_distances": {str(n): list(row) for n, row in sorted(self.numa_distances.items())},
+            "l3_domains": {str(d): format_cpulist(cpus) for d, cpus in self.l3_domains.items()},
             "cores": len(self.cores),
             "threads_per_core": self.threads_per_core,
             "kernel": {
@@ -231,8 +275,12 @@ class Topology:
                     core_id=int(item.get("core_id", 0)),
                     siblings=tuple(parse_cpulist(item["siblings"], f"siblings of cpu{item['id']}")),
                     base_frequency_khz=item.get("base_frequency_khz"),
+                    l3=None if item.get("l3") is None else int(item["l3"]),
                 )
                 cpus[cpu.id] = cpu
+            distances = {
+                int(node): tuple(int(d) for d in row) for node, row in (facts.get("numa_distances") or {}).items()
+            }
             kernel = facts.get("kernel") or {}
             iso = kernel.get("isolcpus") or {}
 
@@ -252,13 +300,15 @@ class Topology:
                 nohz_full_active=tuple(parse_cpulist(kernel.get("nohz_full_active", ""), "nohz_full")),
             )
             offline = tuple(parse_cpulist(facts.get("offline", ""), "offline"))
-        except (KeyError, TypeError) as exc:
+        except CpupoolsError:
+            raise
+        except (KeyError, TypeError, ValueError) as exc:
             raise TopologyError(
                 f"topology facts are incomplete or malformed ({exc!r}); run cpupools_facts first"
             ) from None
         if not cpus:
             raise TopologyError("topology facts list no online CPU")
-        return cls(cpus=cpus, offline=offline, kernel=kargs)
+        return cls(cpus=cpus, offline=offline, kernel=kargs, numa_distances=distances)
 
 
 def parse_kernel_cmdline(
@@ -316,7 +366,10 @@ def build_topology(files: Mapping[str, str | None]) -> Topology:
 
     ``files`` maps paths relative to the root (``sys/devices/system/cpu/online``)
     to their text, or ``None`` for a file that does not exist; the special key
-    ``"nodes/<cpu>"`` holds the NUMA node of a CPU found from its ``nodeN`` link.
+    ``"nodes/<cpu>"`` holds the NUMA node of a CPU (from ``nodeN/cpulist`` or
+    its ``nodeN`` link), ``cpu/cpuN/cache/l3/{shared_cpu_list,id}`` its L3
+    cache as ``locality.read_l3`` found it, and ``node/nodeN/distance`` the
+    distance rows.
     """
     base = CPU_DIR
     cpu_ids = sorted(int(k.split("/")[-1]) for k in files if k.startswith("cpus/"))
@@ -329,6 +382,7 @@ def build_topology(files: Mapping[str, str | None]) -> Topology:
     offline = sorted(possible - online)
     cpus = {}
     freqs = {}
+    l3_members: dict[int, tuple[int, ...]] = {}
     for cpu_id in sorted(online & possible):
         path = f"{base}/cpu{cpu_id}/topology"
         siblings_text = files.get(f"{path}/thread_siblings_list")
@@ -340,6 +394,15 @@ def build_topology(files: Mapping[str, str | None]) -> Topology:
         freq = files.get(f"{base}/cpu{cpu_id}/cpufreq/base_frequency")
         if freq is not None:
             freqs[cpu_id] = _int(freq, f"{base}/cpu{cpu_id}/cpufreq/base_frequency")
+        l3 = l3_domain(cpu_id, files.get(f"{base}/cpu{cpu_id}/{L3_SHARED}"), files.get(f"{base}/cpu{cpu_id}/{L3_ID}"))
+        if l3 is not None:
+            members = tuple(c for c in l3[1] if c in online)
+            known = l3_members.setdefault(l3[0], members)
+            if known != members:
+                raise TopologyError(
+                    f"L3 cache {l3[0]} is shared by CPUs {format_cpulist(known)} according to one CPU and by "
+                    f"{format_cpulist(members)} according to cpu{cpu_id}; sysfs cache information is inconsistent"
+                )
         cpus[cpu_id] = Cpu(
             id=cpu_id,
             socket=_int(files.get(f"{path}/physical_package_id"), f"{path}/physical_package_id"),
@@ -348,6 +411,7 @@ def build_topology(files: Mapping[str, str | None]) -> Topology:
             core_id=_int(files.get(f"{path}/core_id"), f"{path}/core_id"),
             siblings=siblings,
             base_frequency_khz=freqs.get(cpu_id),
+            l3=None if l3 is None else l3[0],
         )
     if not cpus:
         raise TopologyError(f"no online CPU found under {base}")
@@ -357,17 +421,9 @@ def build_topology(files: Mapping[str, str | None]) -> Topology:
         files.get(f"{base}/nohz_full") or "",
         nr_cpus=max(possible) + 1,
     )
-    return Topology(cpus=cpus, offline=tuple(offline), kernel=kernel)
-
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path, encoding="ascii", errors="replace") as handle:
-            return handle.read()
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except OSError as exc:
-        raise TopologyError(f"cannot read {path}: {exc.strerror}") from None
+    prefix = f"{NODE_DIR}/node"
+    rows = {int(k[len(prefix) : -len("/distance")]): v for k, v in files.items() if k.startswith(prefix)}
+    return Topology(cpus=cpus, offline=tuple(offline), kernel=kernel, numa_distances=parse_distances(rows))
 
 
 def read_cpu_tree(root: str = "/") -> dict[str, str | None]:
@@ -379,17 +435,11 @@ def read_cpu_tree(root: str = "/") -> dict[str, str | None]:
         raise TopologyError(f"cannot list {cpu_dir}: {exc.strerror}") from None
     files: dict[str, str | None] = {}
     for name in ("online", "offline", "present", "possible", "isolated", "nohz_full"):
-        files[f"{CPU_DIR}/{name}"] = _read(os.path.join(cpu_dir, name))
-    files[CMDLINE] = _read(os.path.join(root, CMDLINE))
-    node_of: dict[int, int] = {}
-    node_dir = os.path.join(root, NODE_DIR)
-    if os.path.isdir(node_dir):
-        for name in os.listdir(node_dir):
-            m = _NODE_RE.match(name)
-            if m:
-                text = _read(os.path.join(node_dir, name, "cpulist"))
-                for cpu in parse_cpulist(text or "", f"{NODE_DIR}/{name}/cpulist"):
-                    node_of[cpu] = int(m.group(1))
+        files[f"{CPU_DIR}/{name}"] = read_text(os.path.join(cpu_dir, name))
+    files[CMDLINE] = read_text(os.path.join(root, CMDLINE))
+    node_of = node_of_cpus(read_node_cpus(root))
+    for node, row in read_node_distances(root).items():
+        files[f"{NODE_DIR}/node{node}/distance"] = row
     for name in entries:
         m = _CPU_RE.match(name)
         if not m:
@@ -398,10 +448,11 @@ def read_cpu_tree(root: str = "/") -> dict[str, str | None]:
         files[f"cpus/{cpu}"] = name
         rel = f"{CPU_DIR}/{name}"
         path = os.path.join(cpu_dir, name)
-        files[f"{rel}/online"] = _read(os.path.join(path, "online"))
+        files[f"{rel}/online"] = read_text(os.path.join(path, "online"))
         for topo in _TOPOLOGY_FILES:
-            files[f"{rel}/topology/{topo}"] = _read(os.path.join(path, "topology", topo))
-        files[f"{rel}/cpufreq/base_frequency"] = _read(os.path.join(path, "cpufreq", "base_frequency"))
+            files[f"{rel}/topology/{topo}"] = read_text(os.path.join(path, "topology", topo))
+        files[f"{rel}/cpufreq/base_frequency"] = read_text(os.path.join(path, "cpufreq", "base_frequency"))
+        files[f"{rel}/{L3_SHARED}"], files[f"{rel}/{L3_ID}"] = read_l3(root, cpu)
         if cpu not in node_of:
             for link in _list(path):
                 nm = _NODE_RE.match(link)

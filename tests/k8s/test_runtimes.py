@@ -1,0 +1,356 @@
+"""CPU-Pooler and nri-plugins from the plan: rendered configurations held to the projects' own rules,
+refusals, and the cpupools_k8s_runtime module run by real ansible-playbook against the fake server."""
+
+from __future__ import annotations
+
+import pytest
+from cpupools.errors import PlanError
+from cpupools.plan import make_request, plan_pools
+from cpupools.runtimes import (
+    NRI_GROUP_LABEL,
+    POOLER_CONFIGMAP,
+    POOLER_LABEL,
+    check_runtime,
+    core_numbers,
+    render,
+)
+from cpupools.topology import gather_topology
+from k8s_support import TOKEN
+from runtime_rules import (
+    lscpu_cores,
+    nri_crd,
+    nri_errors,
+    pooler_exclusive_grant,
+    read_poolconfig,
+    select_poolconfig,
+)
+
+CM = ("v1", "configmaps", "kube-system", POOLER_CONFIGMAP)
+SHAPES = ["2s22c-smt2", "1s8c-smt2", "2s8c-nosmt", "4s6c-smt2", "1s4c-smt4", "2s8c-offline", "2s96c-smt2"]
+
+
+def plan_and_topology(corpus_root, shape, **raw):
+    topo = gather_topology(str(corpus_root[shape]))
+    request = {"num_exclusive_cores": 2, "num_shared_cores": 1, "exclusive_mode": "spread", **raw}
+    return plan_pools(topo, make_request(request)), topo
+
+
+def cores_of(topo):
+    return [list(core.cpus) for core in topo.cores]
+
+
+# Rendered configurations, held to the projects' rules -----------------------
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("policy", ["multiThreaded", "singleThreaded"])
+def test_pooler_file_gives_each_container_exactly_the_plans_cores(corpus_root, shape, policy):
+    """Pooler's own reading of the file (parser, device list, sibling lookup) gives the plan's cores, or we refuse."""
+    plan, topo = plan_and_topology(corpus_root, shape)
+    want = render(plan, "cpu-pooler", policy)
+    doc = read_poolconfig(want["file"])
+    assert want["key"] == f"poolconfig-{want['group']}.yaml"
+    assert doc["nodeSelector"] == {POOLER_LABEL: want["group"]}
+    types = {name: p["type"] for name, p in doc["pools"].items()}
+    assert sorted(types.values()) == ["default", "exclusive", "shared"]
+    cpu_to_core = lscpu_cores(cores_of(topo))
+    exclusive = next(p for p in doc["pools"].values() if p["type"] == "exclusive")
+    assert exclusive["ht"] == policy
+    # Pooler advertises one device per listed CPU and grants it (with its siblings when multiThreaded).
+    grants = sorted(sorted(pooler_exclusive_grant(cpu, policy, cpu_to_core)) for cpu in exclusive["cpus"])
+    plan_cores = sorted(sorted(map(int, c.split(","))) for c in plan["handout_order"]["exclusive"])
+    try:
+        check_runtime(plan, core_numbers(cores_of(topo)), "cpu-pooler", policy)
+    except PlanError as exc:  # refused exactly where Pooler would grant something else
+        assert exc.field == "pooler_ht_policy" and grants != plan_cores
+        return
+    if policy == "multiThreaded":
+        assert grants == plan_cores
+    else:
+        assert len(grants) == len(plan_cores)
+        assert all(len(g) == 1 and any(g[0] in core for core in plan_cores) for g in grants)
+    shared = next(p for p in doc["pools"].values() if p["type"] == "shared")["cpus"]
+    default = doc["pools"]["default"]["cpus"]
+    assert shared == set(topo_cpus(plan, "shared")) and default == set(topo_cpus(plan, "infra"))
+    granted = {cpu for g in grants for cpu in g}
+    assert not (granted & shared) and not (granted & default) and not (shared & default)
+
+
+def topo_cpus(plan, pool):
+    from cpupools.cpulist import parse_cpulist
+
+    return parse_cpulist(plan["pool_cpus"][pool], pool)
+
+
+def test_pooler_picks_our_file_for_the_node_among_foreign_ones(corpus_root):
+    plan, _ = plan_and_topology(corpus_root, "2s22c-smt2")
+    want = render(plan, "cpu-pooler")
+    foreign = "pools:\n  exclusive_a:\n    cpus: '2'\n  default:\n    cpus: '0'\nnodeSelector:\n  nodeType: dpdk\n"
+    files = {"poolconfig-dpdk.yaml": foreign, want["key"]: want["file"]}
+    assert select_poolconfig(files, {"nodeType": "ctrl", POOLER_LABEL: want["group"]}) == want["key"]
+    assert select_poolconfig(files, {"nodeType": "dpdk"}) == "poolconfig-dpdk.yaml"
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("runtime", ["nri-topology-aware", "nri-balloons"])
+def test_nri_objects_pass_the_crd_schema_and_the_policy_rules(corpus_root, shape, runtime):
+    pools = ["exclusive"] if runtime == "nri-topology-aware" else ["exclusive", "shared"]
+    plan, topo = plan_and_topology(corpus_root, shape, isolated_pools=pools)
+    check_runtime(plan, core_numbers(cores_of(topo)), runtime, "multiThreaded")
+    want = render(plan, runtime)
+    obj = want["object"]
+    assert nri_errors(obj) == []
+    assert obj["metadata"]["name"] == f"group.{want['group']}" and want["label"] == NRI_GROUP_LABEL
+    spec = obj["spec"]
+    assert spec["reservedResources"]["cpu"] == "cpuset:" + plan["pool_cpus"]["infra"]
+    assert spec["availableResources"]["cpu"] == "cpuset:" + topo_online(topo)
+    if runtime == "nri-balloons":
+        types = {t["name"]: t for t in spec["balloonTypes"]}
+        assert set(types) == {"exclusive", "shared"}
+        assert types["exclusive"]["maxCPUs"] == plan["cpu_counts"]["exclusive"]
+        assert types["exclusive"]["preferIsolCpus"] is True and types["exclusive"]["preferNewBalloons"] is True
+        assert types["shared"]["minCPUs"] == types["shared"]["maxCPUs"] == plan["cpu_counts"]["shared"]
+    else:
+        assert spec["preferIsolatedCPUs"] is True
+
+
+def topo_online(topo):
+    from cpupools.cpulist import format_cpulist
+
+    return format_cpulist(topo.cpus)
+
+
+def test_an_unknown_field_or_a_bad_cpuset_is_caught_by_the_rules(corpus_root):
+    """The rules can fail: a field the CRD lacks, a cpuset Pooler's parser refuses, two shared pools."""
+    plan, _ = plan_and_topology(corpus_root, "2s22c-smt2")
+    obj = render(plan, "nri-balloons")["object"]
+    obj["spec"]["balloonTypes"][0]["preferIsolatedCpus"] = True
+    obj["spec"]["reservedResources"]["cpu"] = "cpuset:0-100"
+    errors = nri_errors(obj)
+    assert any("preferIsolatedCpus: unknown field" in e for e in errors)
+    assert "reservedResources.cpu is not a subset of availableResources.cpu" in errors
+    with pytest.raises(ValueError, match="invalid range"):
+        read_poolconfig("pools:\n  default:\n    cpus: '5-3'\n")
+    with pytest.raises(ValueError, match="Only one shared pool"):
+        read_poolconfig("pools:\n  shared_a:\n    cpus: '1'\n  shared_b:\n    cpus: '2'\n")
+
+
+def test_same_plan_same_group_other_plan_other_group(corpus_root):
+    a, _ = plan_and_topology(corpus_root, "2s22c-smt2")
+    b, _ = plan_and_topology(corpus_root, "2s22c-smt2")
+    c, _ = plan_and_topology(corpus_root, "2s22c-smt2", num_exclusive_cores=6)
+    assert render(a, "cpu-pooler") == render(b, "cpu-pooler")
+    assert render(a, "cpu-pooler")["group"] != render(c, "cpu-pooler")["group"]
+    assert render(a, "nri-balloons")["group"] != render(a, "nri-topology-aware")["group"]
+
+
+# Refusals -------------------------------------------------------------------
+
+
+def refusal(plan, topo, runtime, policy="multiThreaded"):
+    with pytest.raises(PlanError) as info:
+        check_runtime(plan, core_numbers(cores_of(topo)), runtime, policy)
+    return info.value.describe("node-1")
+
+
+def test_multithreaded_pooler_is_refused_where_sibling_lookup_would_hand_out_another_core(corpus_root):
+    plan, topo = plan_and_topology(corpus_root, "1s8c-adjacent", num_exclusive_cores=3, num_shared_cores=1)
+    msg = refusal(plan, topo, "cpu-pooler")
+    assert msg.startswith("host node-1: cpupools_pooler_ht_policy: CPU-Pooler's multiThreaded policy")
+    assert "core 2-3 of pool exclusive is lscpu core 1, not 2" in msg and "\n" not in msg
+    check_runtime(plan, core_numbers(cores_of(topo)), "cpu-pooler", "singleThreaded")
+    # And the rule is right: Pooler's own lookup on this host would grant CPU 2 with CPUs 4,5 (core 2).
+    assert pooler_exclusive_grant(2, "multiThreaded", lscpu_cores(cores_of(topo))) == {2, 4, 5}
+
+
+def test_topology_aware_refuses_named_and_isolated_shared_pools(corpus_root):
+    plan, topo = plan_and_topology(corpus_root, "2s22c-smt2")
+    assert "cpupools_isolated_pools: nri-topology-aware hands isolated CPUs out only exclusively" in refusal(
+        plan, topo, "nri-topology-aware"
+    )
+    eni, topo = plan_and_topology(corpus_root, "2s22c-smt2", excl_non_isolcpus="10,54", isolated_pools=["exclusive"])
+    assert refusal(eni, topo, "nri-topology-aware").startswith(
+        "host node-1: cpupools_excl_non_isolcpus: nri-topology-aware has no named pools"
+    )
+    check_runtime(eni, core_numbers(cores_of(topo)), "nri-balloons", "multiThreaded")  # balloons can
+
+
+def test_infra_on_isolated_cpus_is_refused_for_every_config_runtime(corpus_root):
+    plan, topo = plan_and_topology(corpus_root, "2s22c-smt2")
+    plan = dict(plan, isolated_cpus=plan["isolated_cpus"] + ",0")  # what an adopted isolcpus can leave
+    for runtime in ("cpu-pooler", "nri-topology-aware", "nri-balloons"):
+        assert "cpupools_runtime: " + runtime + " runs ordinary and kube-system containers" in refusal(
+            plan, topo, runtime
+        )
+    check_runtime(plan, core_numbers(cores_of(topo)), "cmk", "multiThreaded")
+
+
+# The module against the fake server -----------------------------------------
+
+PLAY = """
+- hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Runtime
+      cpupools_k8s_runtime: "{{ args }}"
+"""
+
+
+def args(kubeconfig, plan, node="node-1", **extra):
+    return {"args": {"node_name": node, "plan": plan, "kubeconfig": str(kubeconfig), **extra}}
+
+
+def run_ok(playbook, *a, **kw):
+    res = playbook(*a, **kw)
+    assert res.rc == 0, res.stdout
+    assert TOKEN not in res.stdout + res.stderr
+    return res
+
+
+def test_pooler_publish_label_rerun_and_check_mode(playbook, fake, kubeconfig, make_plan):
+    plan = make_plan()
+    want = render(plan, "cpu-pooler")
+    check = run_ok(playbook, PLAY, args(kubeconfig, plan, runtime="cpu-pooler"), "--check", "--diff")
+    assert check.changed() == 1 and fake.writes() == []
+    assert check.result("Runtime")["published"] == "created"
+    first = run_ok(playbook, PLAY, args(kubeconfig, plan, runtime="cpu-pooler"))
+    assert first.changed() == 1 and first.result("Runtime")["group"] == want["group"]
+    cm = fake.resources[CM]
+    assert cm["data"] == {want["key"]: want["file"]}
+    assert cm["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "cpupools"}
+    assert fake.nodes["node-1"]["metadata"]["labels"][POOLER_LABEL] == want["group"]
+    writes = len(fake.writes())
+    second = run_ok(playbook, PLAY, args(kubeconfig, plan, runtime="cpu-pooler"))
+    assert second.changed() == 0 and len(fake.writes()) == writes
+    again = run_ok(playbook, PLAY, args(kubeconfig, plan, runtime="cpu-pooler"), "--check")
+    assert again.changed() == 0
+
+
+def test_pooler_groups_are_shared_moved_and_retired_foreign_files_stay(playbook, fake, kubeconfig, make_plan):
+    fake.add_node("node-2")
+    fake.add_resource("v1", "configmaps", POOLER_CONFIGMAP, "kube-system", data={"poolconfig-dpdk.yaml": "x: 1\n"})
+    plan, other = make_plan(), make_plan(num_exclusive_cores=4)
+    run_ok(playbook, PLAY, args(kubeconfig, plan, runtime="cpu-pooler"))
+    run_ok(playbook, PLAY, args(kubeconfig, plan, node="node-2", runtime="cpu-pooler"))
+    group = render(plan, "cpu-pooler")
+    assert set(fake.resources[CM]["data"]) == {"poolconfig-dpdk.yaml", group["key"]}  # one file for both nodes
+    moved = run_ok(playbook, PLAY, args(kubeconfig, other, runtime="cpu-pooler"))
+    assert moved.result("Runtime")["retired"] == []  # node-2 still uses the old group
+    new = render(other, "cpu-pooler")
+    assert set(fake.resources[CM]["data"]) == {"poolconfig-dpdk.yaml", group["key"], new["key"]}
+    # node-2 leaves for NRI... which is not installed: one clear line, nothing changed on the node.
+    failed = playbook(PLAY, args(kubeconfig, other, node="node-2", runtime="nri-balloons"))
+    assert failed.rc != 0
+    assert "does not serve balloonspolicies.config.nri (BalloonsPolicy): install the nri-plugins" in failed.messages()
+    assert fake.nodes["node-2"]["metadata"]["labels"][POOLER_LABEL] == group["group"]
+    # node-2 goes back to cmk: its label goes, the old group is no longer used by anyone and is retired.
+    back = run_ok(playbook, PLAY, args(kubeconfig, plan, node="node-2", runtime="cmk"))
+    assert back.result("Runtime")["retired"] == [f"ConfigMap kube-system/{POOLER_CONFIGMAP} key {group['key']}"]
+    assert POOLER_LABEL not in fake.nodes["node-2"]["metadata"]["labels"]
+    assert set(fake.resources[CM]["data"]) == {"poolconfig-dpdk.yaml", new["key"]}
+    # Uninstall node-1: our key goes, the foreign file and the ConfigMap (not ours) stay.
+    gone = run_ok(playbook, PLAY, {"args": {"node_name": "node-1", "state": "absent", "kubeconfig": str(kubeconfig)}})
+    assert gone.changed() == 1
+    assert fake.resources[CM]["data"] == {"poolconfig-dpdk.yaml": "x: 1\n"}
+    assert POOLER_LABEL not in fake.nodes["node-1"]["metadata"]["labels"]
+
+
+def test_a_configmap_cpupools_created_is_deleted_with_its_last_file(playbook, fake, kubeconfig, make_plan):
+    run_ok(playbook, PLAY, args(kubeconfig, make_plan(), runtime="cpu-pooler"))
+    assert CM in fake.resources
+    run_ok(playbook, PLAY, {"args": {"node_name": "node-1", "state": "absent", "kubeconfig": str(kubeconfig)}})
+    assert CM not in fake.resources
+    rerun = run_ok(playbook, PLAY, {"args": {"node_name": "node-1", "state": "absent", "kubeconfig": str(kubeconfig)}})
+    assert rerun.changed() == 0
+
+
+def test_a_concurrent_writer_of_the_configmap_is_retried(playbook, fake, kubeconfig, make_plan):
+    fake.add_resource("v1", "configmaps", POOLER_CONFIGMAP, "kube-system", data={"poolconfig-a.yaml": "a\n"})
+
+    def racer():
+        cm = fake.resources[CM]
+        cm["data"]["poolconfig-b.yaml"] = "b\n"
+        fake._bump(cm)
+
+    fake.before("PUT", r"/configmaps/cpu-pooler-configmap$", racer)
+    run_ok(playbook, PLAY, args(kubeconfig, make_plan(), runtime="cpu-pooler"))
+    data = fake.resources[CM]["data"]
+    assert {"poolconfig-a.yaml", "poolconfig-b.yaml"} <= set(data) and len(data) == 3
+
+
+@pytest.mark.parametrize(
+    "runtime,kind", [("nri-balloons", "BalloonsPolicy"), ("nri-topology-aware", "TopologyAwarePolicy")]
+)
+def test_nri_object_and_label_then_nothing_then_removed(playbook, fake, kubeconfig, make_plan, runtime, kind):
+    for k in ("BalloonsPolicy", "TopologyAwarePolicy"):
+        crd = nri_crd(k)
+        fake.add_crd_raw(crd["metadata"]["name"], crd)
+    plan = make_plan(isolated_pools=["exclusive"])
+    want = render(plan, runtime)
+    plural = {"BalloonsPolicy": "balloonspolicies", "TopologyAwarePolicy": "topologyawarepolicies"}[kind]
+    key = ("config.nri/v1alpha1", plural, "kube-system", f"group.{want['group']}")
+    check = run_ok(playbook, PLAY, args(kubeconfig, plan, runtime=runtime), "--check")
+    assert check.changed() == 1 and fake.writes() == []
+    run_ok(playbook, PLAY, args(kubeconfig, plan, runtime=runtime))
+    stored = fake.resources[key]
+    assert stored["spec"] == want["object"]["spec"] and nri_errors(stored) == []
+    assert fake.nodes["node-1"]["metadata"]["labels"][NRI_GROUP_LABEL] == want["group"]
+    writes = len(fake.writes())
+    assert run_ok(playbook, PLAY, args(kubeconfig, plan, runtime=runtime)).changed() == 0
+    assert len(fake.writes()) == writes
+    # Someone edits our object: the next run puts the plan back.
+    fake.resources[key]["spec"]["pinCPU"] = False
+    assert run_ok(playbook, PLAY, args(kubeconfig, plan, runtime=runtime)).result("Runtime")["published"] == "updated"
+    assert fake.resources[key]["spec"] == want["object"]["spec"]
+    run_ok(playbook, PLAY, {"args": {"node_name": "node-1", "state": "absent", "kubeconfig": str(kubeconfig)}})
+    assert key not in fake.resources and NRI_GROUP_LABEL not in fake.nodes["node-1"]["metadata"]["labels"]
+
+
+def test_a_foreign_nri_group_label_is_left_alone_by_cmk_and_absent(playbook, fake, kubeconfig, make_plan):
+    fake.touch_node("node-1", NRI_GROUP_LABEL)  # someone else's group
+    theirs = fake.nodes["node-1"]["metadata"]["labels"][NRI_GROUP_LABEL]
+    res = run_ok(playbook, PLAY, {"args": {"node_name": "node-1", "state": "absent", "kubeconfig": str(kubeconfig)}})
+    assert res.changed() == 0 and fake.writes() == []
+    assert fake.nodes["node-1"]["metadata"]["labels"][NRI_GROUP_LABEL] == theirs
+
+
+ROLE_PLAY = """
+- hosts: all
+  gather_facts: false
+  roles:
+    - role: cpupools_k8s
+"""
+
+
+def test_role_publishes_for_a_runtime_given_with_e_then_changes_nothing(playbook, fake, kubeconfig, make_plan):
+    plan = make_plan()
+    extra = {"cpupools_plan": plan, "cpupools_k8s_kubeconfig": str(kubeconfig), "cpupools_k8s_node_name": "node-1"}
+    cli = ("-e", "cpupools_runtime=cpu-pooler", "-e", "cpupools_pooler_ht_policy=singleThreaded")
+    first = run_ok(playbook, ROLE_PLAY, extra, *cli)
+    # The runtime's file and label are published; the Node gets no cmk label, taint or resources.
+    assert first.result("Publish the runtime configuration and label the node")["changed"], first.stdout
+    assert "cmk.intel.com/cmk-node" not in fake.nodes["node-1"]["metadata"]["labels"]
+    want = render(plan, "cpu-pooler", "singleThreaded")
+    assert fake.resources[CM]["data"] == {want["key"]: want["file"]}
+    assert run_ok(playbook, ROLE_PLAY, extra, *cli).changed() == 0
+    # Back to cmk: the node gets the cmk label, taint and resources back (a
+    # non-cmk runtime removes them), a cmk node now publishes the pod injection
+    # policy, and the role removes what the cpu-pooler run left.
+    back = run_ok(playbook, ROLE_PLAY, extra)
+    assert back.changed() == 3 and CM not in fake.resources
+    assert back.result("Publish or remove the pod injection policy")["policy"] == "created"
+    assert fake.nodes["node-1"]["metadata"]["labels"].get("cmk.intel.com/cmk-node") == "true"
+    assert POOLER_LABEL not in fake.nodes["node-1"]["metadata"]["labels"]
+
+
+def test_a_failed_publish_leaves_the_node_unlabelled_and_a_rerun_finishes(playbook, fake, kubeconfig, make_plan):
+    """The label comes after the file: a runtime never sees a label whose file is missing."""
+    fake.fail("POST", r"/api/v1/namespaces/kube-system/configmaps$", 500, "etcd timeout")
+    failed = playbook(PLAY, args(kubeconfig, make_plan(), runtime="cpu-pooler"))
+    assert failed.rc != 0 and "Traceback" not in failed.stdout + failed.stderr
+    msg = failed.messages()
+    assert "failed with 500: etcd timeout" in msg and "/configmaps" in msg
+    assert POOLER_LABEL not in fake.nodes["node-1"]["metadata"]["labels"] and CM not in fake.resources
+    done = run_ok(playbook, PLAY, args(kubeconfig, make_plan(), runtime="cpu-pooler"))
+    assert done.changed() == 1 and CM in fake.resources
+    assert POOLER_LABEL in fake.nodes["node-1"]["metadata"]["labels"]

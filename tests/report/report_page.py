@@ -1,0 +1,14 @@
+"""The HTML page rendered the way the module renders it: the role's template, the one ``render_page``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from cpupools import report
+from helpers import REPO
+
+TEMPLATE = str(REPO / "roles" / "cpupools_report" / "templates" / report.TEMPLATE)
+
+
+def render_html(hosts: Sequence[Mapping], failed: Sequence[str] = (), **kw) -> str:
+    return report.render_html(hosts, TEMPLATE, failed, **kw)
