@@ -152,9 +152,12 @@ ansible_facts:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.cpupools.errors import CpupoolsError
-from ansible.module_utils.cpupools.hugepages import read_hugepages
-from ansible.module_utils.cpupools.topology import check_facts_root, gather_topology
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.errors import CpupoolsError
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.hugepages import read_hugepages
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.topology import (
+    check_facts_root,
+    gather_topology,
+)
 
 ARGUMENT_SPEC = {
     "root": {"type": "path", "default": "/"},

@@ -135,11 +135,23 @@ server:
 """
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible.module_utils.cpupools.errors import CpupoolsError
-from ansible.module_utils.cpupools.k8s import DEFAULT_ENI_RESOURCE, DEFAULT_EXCLUSIVE_RESOURCE
-from ansible.module_utils.cpupools.k8s_admission import DEFAULT_OPT_IN, FAILURE_POLICIES, ensure_admission
-from ansible.module_utils.cpupools.k8s_apply import Api
-from ansible.module_utils.cpupools_kube import CONNECTION_ARGS, HAS_KUBERNETES, KUBERNETES_IMPORT_ERROR, connect
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.errors import CpupoolsError
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.k8s import (
+    DEFAULT_ENI_RESOURCE,
+    DEFAULT_EXCLUSIVE_RESOURCE,
+)
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.k8s_admission import (
+    DEFAULT_OPT_IN,
+    FAILURE_POLICIES,
+    ensure_admission,
+)
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.k8s_apply import Api
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools_kube import (
+    CONNECTION_ARGS,
+    HAS_KUBERNETES,
+    KUBERNETES_IMPORT_ERROR,
+    connect,
+)
 
 ARGUMENT_SPEC = {
     "state": {"type": "str", "choices": ["present", "absent"], "default": "present"},

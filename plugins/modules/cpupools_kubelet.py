@@ -167,10 +167,10 @@ actions:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.cpupools import kubelet
-from ansible.module_utils.cpupools.bootloader import Host
-from ansible.module_utils.cpupools.errors import CpupoolsError
-from ansible.module_utils.cpupools.topology import Topology
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools import kubelet
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.bootloader import Host
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.errors import CpupoolsError
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.topology import Topology
 
 ARGUMENT_SPEC = {
     "action": {"type": "str", "choices": ["configure", "apply", "verify"], "default": "configure"},

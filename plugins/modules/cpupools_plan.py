@@ -191,13 +191,19 @@ inputs:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.cpupools.errors import CpupoolsError
-from ansible.module_utils.cpupools.hugepages import plan_hugepages
-from ansible.module_utils.cpupools.inputs import PLAN_KEYS, check_group, check_root, unknown_variables, validate_inputs
-from ansible.module_utils.cpupools.kubelet import check_plan as check_kubelet
-from ansible.module_utils.cpupools.plan import make_request, plan_pools
-from ansible.module_utils.cpupools.runtimes import check_runtime, core_numbers
-from ansible.module_utils.cpupools.topology import Topology
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.errors import CpupoolsError
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.hugepages import plan_hugepages
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.inputs import (
+    PLAN_KEYS,
+    check_group,
+    check_root,
+    unknown_variables,
+    validate_inputs,
+)
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.kubelet import check_plan as check_kubelet
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.plan import make_request, plan_pools
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.runtimes import check_runtime, core_numbers
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.topology import Topology
 
 ARGUMENT_SPEC = {
     "topology": {"type": "dict"},

@@ -131,8 +131,14 @@ import os
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.cpupools.errors import CpupoolsError
-from ansible.module_utils.cpupools.report import analyse, fleet_summary, page_model, render_page, text_lines
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.errors import CpupoolsError
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.report import (
+    analyse,
+    fleet_summary,
+    page_model,
+    render_page,
+    text_lines,
+)
 
 ARGUMENT_SPEC = {
     "hosts": {"type": "list", "elements": "dict", "required": True},
