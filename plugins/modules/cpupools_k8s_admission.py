@@ -1,4 +1,6 @@
 #!/usr/bin/python
+# Copyright: the cpupools authors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Ansible module: the cluster's MutatingAdmissionPolicy that injects what CMK workloads need."""
 
 DOCUMENTATION = r"""
@@ -61,31 +63,17 @@ options:
     type: list
     elements: str
     default: []
-  kubeconfig:
-    description: Path of the kubeconfig on the controller.
-    type: path
-  context:
-    description: Kubeconfig context; default its current context.
-    type: str
-  in_cluster:
-    description: Use the service account of the pod the controller runs in.
-    type: bool
-    default: false
-  request_timeout:
-    description: Seconds one API request may take.
-    type: int
-    default: 30
 attributes:
   check_mode:
     support: full
-    details: Sends only GET requests and reports what would be created, updated or deleted.
+    description: Sends only GET requests and reports what would be created, updated or deleted.
   diff_mode:
     support: full
-    details: Shows the policy and binding specs before and after.
-requirements:
-  - kubernetes (Python library) on the controller
+    description: Shows the policy and binding specs before and after.
+extends_documentation_fragment:
+  - cpupools.cpupools.cpupools_kube
 author:
-  - cpupools contributors
+  - The cpupools authors (@cpupools)
 """
 
 EXAMPLES = r"""

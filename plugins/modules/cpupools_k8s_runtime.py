@@ -60,7 +60,7 @@ attributes:
 extends_documentation_fragment:
   - cpupools.cpupools.cpupools_kube
 author:
-  - cpupools contributors
+  - The cpupools authors (@cpupools)
 """
 
 EXAMPLES = r"""

@@ -37,15 +37,21 @@ options:
     choices: [present, absent]
     default: present
   runtime:
-    description: How exclusive CPUs reach workloads, C(cmk) or C(kubelet).
+    description:
+      - How exclusive CPUs reach workloads on the node (C(cpupools_runtime)).
+      - C(kubelet) writes the static CPU manager drop-in, C(cmk) the reservation drop-in when O(dropin=true).
+      - The other runtimes (C(cpu-pooler), C(nri-topology-aware), C(nri-balloons)) have no drop-in;
+        one cpupools wrote earlier is removed like with O(state=absent).
     type: str
-    choices: [cmk, kubelet]
+    choices: [cmk, kubelet, cpu-pooler, nri-topology-aware, nri-balloons]
     default: cmk
   plan:
-    description: The plan of M(cpupools_plan) (the host fact C(cpupools_plan)).
+    description: The plan of M(cpupools.cpupools.cpupools_plan) (the host fact C(cpupools_plan)).
     type: dict
   topology:
-    description: The topology facts of M(cpupools_facts) (C(ansible_facts.cpupools)); needed with O(runtime=kubelet).
+    description:
+      - The topology facts of M(cpupools.cpupools.cpupools_facts) (C(ansible_facts.cpupools)).
+      - Needed with O(runtime=kubelet).
     type: dict
   root:
     description: Root directory the kubelet's files are read and written under.
@@ -114,10 +120,12 @@ options:
 attributes:
   check_mode:
     support: full
+    description: Reads the drop-in and the state file and reports the actions a real run takes; writes nothing.
   diff_mode:
     support: full
+    description: Shows the drop-in's text before and after.
 author:
-  - cpupools authors
+  - The cpupools authors (@cpupools)
 """
 
 EXAMPLES = r"""
