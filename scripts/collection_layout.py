@@ -24,7 +24,7 @@ What it does, and nothing else (idempotent: a second run does nothing):
    pieces ``"module_utils"`` and ``"library"`` joined onto the repository root
    (``REPO / "module_utils"``, ``os.path.join(HERE, "..", "module_utils")``)
    gain their ``"plugins"`` parent (``"library"`` becomes ``"modules"``);
-4. in YAML, shell and Markdown files: the paths ``module_utils/cpupools``,
+4. in YAML, shell, Markdown and Jinja2 template (``.j2``) files: the paths ``module_utils/cpupools``,
    ``library/*.py`` and ``library/cpupools_<name>.py`` get their ``plugins/``
    parent (``library/`` becoming ``plugins/modules/``).
 
@@ -127,7 +127,7 @@ def plan_rewrites(root: str) -> list[tuple[str, str]]:
             rewrite = _rewrite_module
         elif rel.endswith(".py"):
             rewrite = _rewrite_py_paths
-        elif rel.endswith((".yml", ".yaml", ".sh", ".cfg", ".md")) or rel in (".ci/run",):
+        elif rel.endswith((".yml", ".yaml", ".sh", ".cfg", ".md", ".j2")) or rel in (".ci/run",):
             rewrite = _rewrite_text_paths
         else:
             continue

@@ -345,6 +345,8 @@ def test_layout_script_converts_a_branch_of_the_old_layout(tmp_path):
         "from ansible.module_utils.cpupools_kube import connect\n"
     )
     (root / "module_utils" / "cpupools" / "new.py").write_text("from .errors import CpupoolsError\n")
+    (root / "templates").mkdir()
+    (root / "templates" / "new.j2").write_text("{# computed in module_utils/cpupools/new.py #}\n")
     (root / "tests" / "test_new.py").write_text(
         'import os\nsys.path.insert(0, str(REPO / "module_utils"))\n'
         'MODULES = (REPO / "library").glob("*.py")\nHERE = os.path.join(HERE, "..", "module_utils")\n'
@@ -368,6 +370,8 @@ def test_layout_script_converts_a_branch_of_the_old_layout(tmp_path):
     assert 'REPO / "plugins" / "module_utils"' in test
     assert '(REPO / "plugins" / "modules")' in test
     assert 'os.path.join(HERE, "..", "plugins", "module_utils")' in test
+    template = (root / "templates" / "new.j2").read_text()
+    assert template == "{# computed in plugins/module_utils/cpupools/new.py #}\n"
 
     again = subprocess.run([*script, "--check"], capture_output=True, text=True, check=False)
     assert again.returncode == 0, again.stdout
