@@ -18,8 +18,10 @@ What it does, and nothing else (idempotent: a second run does nothing):
 2. in ``plugins/modules/*.py`` and ``plugins/module_utils/*.py``: the import
    prefix ``ansible.module_utils.cpupools`` becomes the collection's
    ``ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools`` (this
-   also covers ``cpupools_kube``), and the documentation fragment
-   ``cpupools_kube`` becomes ``cpupools.cpupools.cpupools_kube``;
+   also covers ``cpupools_kube``), the documentation fragment
+   ``cpupools_kube`` becomes ``cpupools.cpupools.cpupools_kube``, and the tasks
+   of EXAMPLES call the modules by FQCN (``cpupools.cpupools.cpupools_<name>:``),
+   as users outside the collection must;
 3. in Python files outside ``plugins/`` (tests, bench, scripts): the path
    pieces ``"module_utils"`` and ``"library"`` joined onto the repository root
    (``REPO / "module_utils"``, ``os.path.join(HERE, "..", "module_utils")``)
@@ -58,14 +60,23 @@ SKIP_DIRS = {".git", ".venv", "sandbox", "build", ".ansible", "collections", "__
 # 2. module imports and the documentation fragment
 IMPORT_RE = re.compile(r"\bansible\.module_utils\.(cpupools\w*)")
 FRAGMENT_RE = re.compile(r"^(\s*(?:-\s+|extends_documentation_fragment:\s+))cpupools_kube\s*$", re.MULTILINE)
+# 2b. the module key of each task in EXAMPLES (task keys sit two spaces in, under `- name:`)
+EXAMPLES_RE = re.compile(r'^(EXAMPLES = r?""")(.*?)(""")', re.MULTILINE | re.DOTALL)
+EXAMPLE_TASK_RE = re.compile(r"^(  )(cpupools_\w+):[ \t]*$", re.MULTILINE)
 # 3. path pieces in Python: `/ "module_utils"` or `, "module_utils"` not already after "plugins"
 PY_PATH_RE = re.compile(r"""(?P<before>["']?)(?P<sep>\s*(?:/|,)\s*)(?P<q>["'])(?P<dir>module_utils|library)(?P=q)""")
 # 4. path tails in YAML and shell
 TEXT_PATH_RE = re.compile(r"(?<![\w/])(/?)(module_utils/cpupools|library/(?:\*|cpupools_\w+)\.py)")
 
 
+def _rewrite_examples(block: re.Match[str]) -> str:
+    body = EXAMPLE_TASK_RE.sub(lambda m: f"{m.group(1)}{NAMESPACE}.{NAME}.{m.group(2)}:", block.group(2))
+    return f"{block.group(1)}{body}{block.group(3)}"
+
+
 def _rewrite_module(text: str) -> str:
     text = IMPORT_RE.sub(lambda m: f"{COLLECTION_UTILS}.{m.group(1)}", text)
+    text = EXAMPLES_RE.sub(_rewrite_examples, text)
     return FRAGMENT_RE.sub(lambda m: f"{m.group(1)}{NAMESPACE}.{NAME}.cpupools_kube", text)
 
 

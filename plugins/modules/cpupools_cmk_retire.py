@@ -48,7 +48,7 @@ author:
 
 EXAMPLES = r"""
 - name: Retire CMK from the nodes of this run
-  cpupools_cmk_retire:
+  cpupools.cpupools.cpupools_cmk_retire:
     nodes: "{{ ansible_play_hosts | map('extract', hostvars, 'cpupools_k8s_node_name') | list }}"
     kubeconfig: ~/.kube/config
   delegate_to: localhost

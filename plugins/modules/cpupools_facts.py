@@ -56,10 +56,10 @@ author:
 
 EXAMPLES = r"""
 - name: Gather CPU topology facts
-  cpupools_facts:
+  cpupools.cpupools.cpupools_facts:
 
 - name: Gather facts from a fixture tree
-  cpupools_facts:
+  cpupools.cpupools.cpupools_facts:
     root: /tmp/fixtures/2s22c-smt2
 """
 

@@ -78,13 +78,13 @@ author:
 
 EXAMPLES = r"""
 - name: Publish the pod injection policy
-  cpupools_k8s_admission:
+  cpupools.cpupools.cpupools_k8s_admission:
     kubeconfig: /home/ops/.kube/config
   delegate_to: localhost
   run_once: true
 
 - name: Remove it when the last cpupools node is uninstalled
-  cpupools_k8s_admission:
+  cpupools.cpupools.cpupools_k8s_admission:
     state: absent
     departing: [worker-1, worker-2]
     kubeconfig: /home/ops/.kube/config

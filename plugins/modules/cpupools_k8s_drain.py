@@ -53,14 +53,14 @@ author:
 
 EXAMPLES = r"""
 - name: Drain the node before rebooting it
-  cpupools_k8s_drain:
+  cpupools.cpupools.cpupools_k8s_drain:
     node_name: "{{ inventory_hostname }}"
     kubeconfig: ~/.kube/config
     timeout: 600
   delegate_to: localhost
 
 - name: Let workloads back on the node
-  cpupools_k8s_drain:
+  cpupools.cpupools.cpupools_k8s_drain:
     node_name: "{{ inventory_hostname }}"
     state: uncordoned
     kubeconfig: ~/.kube/config

@@ -86,14 +86,14 @@ author:
 
 EXAMPLES = r"""
 - name: Label, taint and advertise the node
-  cpupools_k8s_node:
+  cpupools.cpupools.cpupools_k8s_node:
     node_name: "{{ inventory_hostname }}"
     plan: "{{ cpupools_plan }}"
     kubeconfig: ~/.kube/config
   delegate_to: localhost
 
 - name: Take the node out of cpupools
-  cpupools_k8s_node:
+  cpupools.cpupools.cpupools_k8s_node:
     node_name: worker-3
     state: absent
     kubeconfig: ~/.kube/config

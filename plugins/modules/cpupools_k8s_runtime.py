@@ -65,7 +65,7 @@ author:
 
 EXAMPLES = r"""
 - name: Configure CPU-Pooler for the node
-  cpupools_k8s_runtime:
+  cpupools.cpupools.cpupools_k8s_runtime:
     node_name: "{{ inventory_hostname }}"
     runtime: cpu-pooler
     plan: "{{ cpupools_plan }}"
@@ -73,7 +73,7 @@ EXAMPLES = r"""
   delegate_to: localhost
 
 - name: Take the node out of its runtime group
-  cpupools_k8s_runtime:
+  cpupools.cpupools.cpupools_k8s_runtime:
     node_name: worker-3
     state: absent
     kubeconfig: ~/.kube/config

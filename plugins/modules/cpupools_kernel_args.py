@@ -132,13 +132,13 @@ author:
 
 EXAMPLES = r"""
 - name: Write the kernel arguments of the plan
-  cpupools_kernel_args:
+  cpupools.cpupools.cpupools_kernel_args:
     plan: "{{ cpupools_plan }}"
     isolcpus_flags: [managed_irq, domain]
   register: kargs
 
 - name: Remove them again
-  cpupools_kernel_args:
+  cpupools.cpupools.cpupools_kernel_args:
     state: absent
 """
 

@@ -130,7 +130,7 @@ author:
 
 EXAMPLES = r"""
 - name: Write the kubelet drop-in (or leave it pending for the rolling restart)
-  cpupools_kubelet:
+  cpupools.cpupools.cpupools_kubelet:
     runtime: kubelet
     plan: "{{ cpupools_plan }}"
     topology: "{{ ansible_facts.cpupools }}"

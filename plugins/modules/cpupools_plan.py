@@ -108,7 +108,7 @@ author:
 
 EXAMPLES = r"""
 - name: Plan the pools
-  cpupools_plan:
+  cpupools.cpupools.cpupools_plan:
     topology: "{{ ansible_facts.cpupools }}"
     host: "{{ inventory_hostname }}"
     num_exclusive_cores: 8

@@ -83,7 +83,7 @@ author:
 
 EXAMPLES = r"""
 - name: Render the fleet report
-  cpupools_report:
+  cpupools.cpupools.cpupools_report:
     hosts:
       - host: "{{ inventory_hostname }}"
         topology: "{{ ansible_facts.cpupools }}"

@@ -89,13 +89,13 @@ author:
 
 EXAMPLES = r"""
 - name: Write the pool state from the plan
-  cpupools_state:
+  cpupools.cpupools.cpupools_state:
     plan: "{{ cpupools_plan }}"
     host: "{{ inventory_hostname }}"
     task_group: cmk
 
 - name: Remove the pool state, refusing while workloads hold CPU lists
-  cpupools_state:
+  cpupools.cpupools.cpupools_state:
     state: absent
 """
 

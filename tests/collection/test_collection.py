@@ -340,6 +340,8 @@ def test_layout_script_converts_a_branch_of_the_old_layout(tmp_path):
     (root / "library" / "cpupools_new.py").write_text(
         "#!/usr/bin/python\n"
         'DOCUMENTATION = r"""\nextends_documentation_fragment:\n  - cpupools_kube\n"""\n'
+        'EXAMPLES = r"""\n- name: Use it\n  cpupools_new:\n    plan: "{{ cpupools_plan }}"\n'
+        '  vars:\n    cpupools_x: 1\n"""\n'
         "from ansible.module_utils.basic import AnsibleModule\n"
         "from ansible.module_utils.cpupools.errors import CpupoolsError\n"
         "from ansible.module_utils.cpupools_kube import connect\n"
@@ -364,6 +366,8 @@ def test_layout_script_converts_a_branch_of_the_old_layout(tmp_path):
     assert "from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.errors import" in module
     assert "from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools_kube import connect" in module
     assert "  - cpupools.cpupools.cpupools_kube\n" in module
+    assert "- name: Use it\n  cpupools.cpupools.cpupools_new:\n" in module
+    assert "    cpupools_x: 1\n" in module, "a variable in an example was taken for a module"
     unchanged = (root / "plugins" / "module_utils" / "cpupools" / "new.py").read_text()
     assert unchanged == "from .errors import CpupoolsError\n"
     test = (root / "tests" / "test_new.py").read_text()
