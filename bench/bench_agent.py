@@ -35,7 +35,7 @@ import threading
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "module_utils"))
+sys.path.insert(0, os.path.join(REPO, "plugins", "module_utils"))
 
 from cpupools import agent_report  # noqa: E402
 from cpupools import state as st  # noqa: E402

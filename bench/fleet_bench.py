@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(HERE / "module_utils"), str(HERE / "tests" / "fixtures")]
+sys.path[:0] = [str(HERE / "plugins" / "module_utils"), str(HERE / "tests" / "fixtures")]
 
 from sysfs import CORPUS, write_tree  # noqa: E402
 

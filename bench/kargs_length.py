@@ -12,7 +12,7 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "module_utils"))
+sys.path.insert(0, os.path.join(HERE, "..", "plugins", "module_utils"))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "fixtures"))
 
 from cpupools import kargs  # noqa: E402

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO / "module_utils"), str(REPO / "tests" / "fixtures")]
+sys.path[:0] = [str(REPO / "plugins" / "module_utils"), str(REPO / "tests" / "fixtures")]
 
 from cpupools.plan import make_request, plan_pools  # noqa: E402
 from cpupools.topology import Topology, gather_topology  # noqa: E402

@@ -11,7 +11,7 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [os.path.join(HERE, "..", "module_utils"), os.path.join(HERE, "..", "tests", "fixtures")]
+sys.path[:0] = [os.path.join(HERE, "..", "plugins", "module_utils"), os.path.join(HERE, "..", "tests", "fixtures")]
 
 from cpupools.plan import make_request, plan_pools  # noqa: E402
 from cpupools.report import TEMPLATE, analyse, page_model, render_page, text_lines  # noqa: E402

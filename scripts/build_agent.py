@@ -41,7 +41,7 @@ import zipfile
 from importlib._bootstrap_external import _code_to_hash_pyc  # type: ignore[attr-defined]
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PACKAGE_DIR = os.path.join(REPO, "module_utils", "cpupools")
+PACKAGE_DIR = os.path.join(REPO, "plugins", "module_utils", "cpupools")
 SHEBANG = b"#!/usr/bin/env python3\n"
 EPOCH = (1980, 1, 1, 0, 0, 0)
 DEFAULT_SHEBANG = "/usr/bin/env python3"

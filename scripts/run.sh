@@ -4,6 +4,6 @@
 # (--check --diff, --tags plan, -i inventories/sample/hosts.yml, ...).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/bootstrap.sh
+./scripts/bootstrap.sh run
 export ANSIBLE_CONFIG="$PWD/ansible.cfg"
 exec .venv/bin/ansible-playbook site.yml "$@"

@@ -137,8 +137,8 @@ end "podman run $IMAGE_CURRENT /bin/true"
 
 # --- 5. virtual environment (molecule, ansible, the podman collection) -------
 begin venv
-scripts/bootstrap.sh
-end ".venv matches requirements.txt"
+scripts/bootstrap.sh dev
+end ".venv matches requirements-dev.txt"
 
 say "done; seconds per step:"
 printf '  %s\n' "${timings[@]}" >&2

@@ -12,7 +12,7 @@ step() { printf '\n== %s\n' "$*"; }
 step "system packages"
 ./scripts/setup-system.sh
 step "virtual environment"
-./scripts/bootstrap.sh
+./scripts/bootstrap.sh dev
 if [ "$(id -u)" = 0 ]; then
     step "molecule platform: podman, runc, the systemd base image"
     ./scripts/setup-molecule.sh
@@ -27,7 +27,7 @@ step "lint: yamllint"
 step "lint: ansible-lint (production profile)"
 PATH="$PWD/$bin:$PATH" "$bin/ansible-lint" --offline -q
 step "module docs: ansible-doc"
-for module in library/*.py; do
+for module in plugins/modules/*.py; do
     name=$(basename "$module" .py)
     "$bin/ansible-doc" -t module "$name" >/dev/null || { echo "ansible-doc cannot render $name" >&2; exit 1; }
     echo "ok: $name"

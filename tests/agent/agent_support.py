@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "module_utils"))
+sys.path.insert(0, str(REPO / "plugins" / "module_utils"))
 
 from cpupools import state as st  # noqa: E402
 from cpupools import state_writer as sw  # noqa: E402

@@ -67,7 +67,15 @@ print(json.dumps({"changed": result["changed"], "affinity": result["affinity"], 
 
 
 def module_argv(conf: Path, proc_fs: Path | str = "/proc") -> list[str]:
-    return [sys.executable, "-c", DRIVER, str(REPO / "module_utils"), str(conf), json.dumps(NEW), str(proc_fs)]
+    return [
+        sys.executable,
+        "-c",
+        DRIVER,
+        str(REPO / "plugins" / "module_utils"),
+        str(conf),
+        json.dumps(NEW),
+        str(proc_fs),
+    ]
 
 
 def module_env() -> dict[str, str]:

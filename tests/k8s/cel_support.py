@@ -1,6 +1,6 @@
 """Run a MutatingAdmissionPolicy on a pod the way the API server does, with cel-python.
 
-cel-python (pinned in requirements.in) evaluates the policy's CEL text as
+cel-python (pinned in requirements-dev.in) evaluates the policy's CEL text as
 written. What it lacks, and what this adapter puts in its place:
 
 - **Object{...} and JSONPatch{...}.** Kubernetes declares ``Object``,

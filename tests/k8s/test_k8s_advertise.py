@@ -100,7 +100,7 @@ def test_another_node_name_is_forbidden_to_the_kubelet_credentials(tls_fake, kub
 
 def test_the_advertiser_imports_no_third_party_module():
     code = (
-        f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[2] / 'module_utils')!r}); "
+        f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[2] / 'plugins' / 'module_utils')!r}); "
         "import cpupools.k8s_advertise; "
         "bad = [m for m in sys.modules if m.split('.')[0] in ('kubernetes', 'yaml', 'urllib3', 'ansible')]; "
         "print(bad); sys.exit(1 if bad else 0)"

@@ -169,7 +169,7 @@ def test_malformed_cmdline_is_refused(playbook, make_root):
 def test_modules_render_with_ansible_doc():
     import subprocess
 
-    for module in sorted(p.stem for p in (REPO / "library").glob("*.py")):
+    for module in sorted(p.stem for p in (REPO / "plugins" / "modules").glob("*.py")):
         proc = subprocess.run(
             [str(REPO / ".venv/bin/ansible-doc"), "-t", "module", "--json", module],
             cwd=REPO,

@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 ROLES = sorted(p for p in (REPO / "roles").iterdir() if (p / "meta" / "argument_specs.yml").exists())
-MODULES = {p.stem for p in (REPO / "library").glob("*.py")}
+MODULES = {p.stem for p in (REPO / "plugins" / "modules").glob("*.py")}
 
 
 def argument_specs(role: Path) -> dict[str, dict]:

@@ -59,7 +59,7 @@ author:
 
 EXAMPLES = r"""
 - name: Plan the CPU pools and check the node
-  cpupools_converged:
+  cpupools.cpupools.cpupools_converged:
     inputs: "{{ cpupools_plan_inputs }}"
     host: "{{ inventory_hostname }}"
     build: "{{ cpupools_plan_agent_build.stdout }}"
@@ -111,13 +111,27 @@ ansible_facts:
 import grp
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.cpupools.converge import EXPORTS, STAGES, check_node, parse_build, todo
-from ansible.module_utils.cpupools.errors import CpupoolsError
-from ansible.module_utils.cpupools.host_plan import plan_host
-from ansible.module_utils.cpupools.hugepages import read_hugepages
-from ansible.module_utils.cpupools.inputs import check_group, check_root, unknown_variables, validate_inputs
-from ansible.module_utils.cpupools.plan import make_request
-from ansible.module_utils.cpupools.topology import check_facts_root, gather_topology
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.converge import (
+    EXPORTS,
+    STAGES,
+    check_node,
+    parse_build,
+    todo,
+)
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.errors import CpupoolsError
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.host_plan import plan_host
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.hugepages import read_hugepages
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.inputs import (
+    check_group,
+    check_root,
+    unknown_variables,
+    validate_inputs,
+)
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.plan import make_request
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.topology import (
+    check_facts_root,
+    gather_topology,
+)
 
 ARGUMENT_SPEC = {
     "inputs": {"type": "dict", "required": True},

@@ -1,4 +1,6 @@
 #!/usr/bin/python
+# Copyright: the cpupools authors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Ansible module: remove CMK's cluster pieces from nodes cpupools has adopted."""
 
 DOCUMENTATION = r"""
@@ -32,18 +34,21 @@ options:
     elements: str
     default: [default, intel-cmk]
 extends_documentation_fragment:
-  - cpupools_kube
+  - cpupools.cpupools.cpupools_kube
 attributes:
   check_mode:
     support: full
+    description: Sends only GET requests and reports what would be removed.
   diff_mode:
     support: full
-    details: the objects present before and after
+    description: Shows the CMK objects present before and after.
+author:
+  - The cpupools authors (@cpupools)
 """
 
 EXAMPLES = r"""
 - name: Retire CMK from the nodes of this run
-  cpupools_cmk_retire:
+  cpupools.cpupools.cpupools_cmk_retire:
     nodes: "{{ ansible_play_hosts | map('extract', hostvars, 'cpupools_k8s_node_name') | list }}"
     kubeconfig: ~/.kube/config
   delegate_to: localhost
@@ -78,11 +83,16 @@ server:
 """
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible.module_utils.cpupools.cmk_retire import retire
-from ansible.module_utils.cpupools.errors import CpupoolsError
-from ansible.module_utils.cpupools.k8s import check_node_name
-from ansible.module_utils.cpupools.k8s_apply import Api
-from ansible.module_utils.cpupools_kube import CONNECTION_ARGS, HAS_KUBERNETES, KUBERNETES_IMPORT_ERROR, connect
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.cmk_retire import retire
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.errors import CpupoolsError
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.k8s import check_node_name
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.k8s_apply import Api
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools_kube import (
+    CONNECTION_ARGS,
+    HAS_KUBERNETES,
+    KUBERNETES_IMPORT_ERROR,
+    connect,
+)
 
 ARGUMENT_SPEC = {
     "nodes": {"type": "list", "elements": "str", "required": True},

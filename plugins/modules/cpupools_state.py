@@ -79,21 +79,23 @@ options:
 attributes:
   check_mode:
     support: full
+    description: Reads the state directory and reports what would change; writes nothing.
   diff_mode:
     support: full
+    description: Shows the state files before and after.
 author:
-  - cpupools authors
+  - The cpupools authors (@cpupools)
 """
 
 EXAMPLES = r"""
 - name: Write the pool state from the plan
-  cpupools_state:
+  cpupools.cpupools.cpupools_state:
     plan: "{{ cpupools_plan }}"
     host: "{{ inventory_hostname }}"
     task_group: cmk
 
 - name: Remove the pool state, refusing while workloads hold CPU lists
-  cpupools_state:
+  cpupools.cpupools.cpupools_state:
     state: absent
 """
 
@@ -135,8 +137,8 @@ import grp
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.cpupools.errors import CpupoolsError
-from ansible.module_utils.cpupools.state_writer import converge
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.errors import CpupoolsError
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.state_writer import converge
 
 ARGUMENT_SPEC = {
     "root": {"type": "path", "default": "/"},

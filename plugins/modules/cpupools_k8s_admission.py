@@ -1,4 +1,6 @@
 #!/usr/bin/python
+# Copyright: the cpupools authors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Ansible module: the cluster's MutatingAdmissionPolicy that injects what CMK workloads need."""
 
 DOCUMENTATION = r"""
@@ -61,42 +63,28 @@ options:
     type: list
     elements: str
     default: []
-  kubeconfig:
-    description: Path of the kubeconfig on the controller.
-    type: path
-  context:
-    description: Kubeconfig context; default its current context.
-    type: str
-  in_cluster:
-    description: Use the service account of the pod the controller runs in.
-    type: bool
-    default: false
-  request_timeout:
-    description: Seconds one API request may take.
-    type: int
-    default: 30
 attributes:
   check_mode:
     support: full
-    details: Sends only GET requests and reports what would be created, updated or deleted.
+    description: Sends only GET requests and reports what would be created, updated or deleted.
   diff_mode:
     support: full
-    details: Shows the policy and binding specs before and after.
-requirements:
-  - kubernetes (Python library) on the controller
+    description: Shows the policy and binding specs before and after.
+extends_documentation_fragment:
+  - cpupools.cpupools.cpupools_kube
 author:
-  - cpupools contributors
+  - The cpupools authors (@cpupools)
 """
 
 EXAMPLES = r"""
 - name: Publish the pod injection policy
-  cpupools_k8s_admission:
+  cpupools.cpupools.cpupools_k8s_admission:
     kubeconfig: /home/ops/.kube/config
   delegate_to: localhost
   run_once: true
 
 - name: Remove it when the last cpupools node is uninstalled
-  cpupools_k8s_admission:
+  cpupools.cpupools.cpupools_k8s_admission:
     state: absent
     departing: [worker-1, worker-2]
     kubeconfig: /home/ops/.kube/config
@@ -135,11 +123,23 @@ server:
 """
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible.module_utils.cpupools.errors import CpupoolsError
-from ansible.module_utils.cpupools.k8s import DEFAULT_ENI_RESOURCE, DEFAULT_EXCLUSIVE_RESOURCE
-from ansible.module_utils.cpupools.k8s_admission import DEFAULT_OPT_IN, FAILURE_POLICIES, ensure_admission
-from ansible.module_utils.cpupools.k8s_apply import Api
-from ansible.module_utils.cpupools_kube import CONNECTION_ARGS, HAS_KUBERNETES, KUBERNETES_IMPORT_ERROR, connect
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.errors import CpupoolsError
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.k8s import (
+    DEFAULT_ENI_RESOURCE,
+    DEFAULT_EXCLUSIVE_RESOURCE,
+)
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.k8s_admission import (
+    DEFAULT_OPT_IN,
+    FAILURE_POLICIES,
+    ensure_admission,
+)
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.k8s_apply import Api
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools_kube import (
+    CONNECTION_ARGS,
+    HAS_KUBERNETES,
+    KUBERNETES_IMPORT_ERROR,
+    connect,
+)
 
 ARGUMENT_SPEC = {
     "state": {"type": "str", "choices": ["present", "absent"], "default": "present"},

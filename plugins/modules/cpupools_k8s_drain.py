@@ -1,4 +1,6 @@
 #!/usr/bin/python
+# Copyright: the cpupools authors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Ansible module: cordon, drain (Eviction API) and uncordon a Kubernetes node around a reboot."""
 
 DOCUMENTATION = r"""
@@ -42,22 +44,23 @@ attributes:
     description: Sends only GET requests and reports what would be cordoned and evicted.
   diff_mode:
     support: none
+    description: Reports the cordon and the evictions in its result, not as a diff.
 extends_documentation_fragment:
-  - cpupools_kube
+  - cpupools.cpupools.cpupools_kube
 author:
-  - cpupools contributors
+  - The cpupools authors (@cpupools)
 """
 
 EXAMPLES = r"""
 - name: Drain the node before rebooting it
-  cpupools_k8s_drain:
+  cpupools.cpupools.cpupools_k8s_drain:
     node_name: "{{ inventory_hostname }}"
     kubeconfig: ~/.kube/config
     timeout: 600
   delegate_to: localhost
 
 - name: Let workloads back on the node
-  cpupools_k8s_drain:
+  cpupools.cpupools.cpupools_k8s_drain:
     node_name: "{{ inventory_hostname }}"
     state: uncordoned
     kubeconfig: ~/.kube/config
@@ -99,10 +102,15 @@ blocked_retries:
 """
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible.module_utils.cpupools.errors import CpupoolsError
-from ansible.module_utils.cpupools.k8s import check_node_name
-from ansible.module_utils.cpupools.k8s_apply import Api, drain, set_unschedulable
-from ansible.module_utils.cpupools_kube import CONNECTION_ARGS, HAS_KUBERNETES, KUBERNETES_IMPORT_ERROR, connect
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.errors import CpupoolsError
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.k8s import check_node_name
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.k8s_apply import Api, drain, set_unschedulable
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools_kube import (
+    CONNECTION_ARGS,
+    HAS_KUBERNETES,
+    KUBERNETES_IMPORT_ERROR,
+    connect,
+)
 
 ARGUMENT_SPEC = {
     "node_name": {"type": "str", "required": True},

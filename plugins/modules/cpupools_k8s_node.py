@@ -1,4 +1,6 @@
 #!/usr/bin/python
+# Copyright: the cpupools authors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Ansible module: the cpupools label, taint, extended resources and published layout of a Node."""
 
 DOCUMENTATION = r"""
@@ -77,21 +79,21 @@ attributes:
     support: full
     description: Shows the node's labels, taints and our capacity before and after.
 extends_documentation_fragment:
-  - cpupools_kube
+  - cpupools.cpupools.cpupools_kube
 author:
-  - cpupools contributors
+  - The cpupools authors (@cpupools)
 """
 
 EXAMPLES = r"""
 - name: Label, taint and advertise the node
-  cpupools_k8s_node:
+  cpupools.cpupools.cpupools_k8s_node:
     node_name: "{{ inventory_hostname }}"
     plan: "{{ cpupools_plan }}"
     kubeconfig: ~/.kube/config
   delegate_to: localhost
 
 - name: Take the node out of cpupools
-  cpupools_k8s_node:
+  cpupools.cpupools.cpupools_k8s_node:
     node_name: worker-3
     state: absent
     kubeconfig: ~/.kube/config
@@ -140,8 +142,8 @@ conflicts:
 """
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible.module_utils.cpupools.errors import CpupoolsError
-from ansible.module_utils.cpupools.k8s import (
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.errors import CpupoolsError
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.k8s import (
     DEFAULT_ENI_RESOURCE,
     DEFAULT_EXCLUSIVE_RESOURCE,
     DEFAULT_LABEL_DOMAIN,
@@ -149,8 +151,19 @@ from ansible.module_utils.cpupools.k8s import (
     desired_node,
     layout_object,
 )
-from ansible.module_utils.cpupools.k8s_apply import Api, ensure_crd, ensure_layout, ensure_node, remove_layout
-from ansible.module_utils.cpupools_kube import CONNECTION_ARGS, HAS_KUBERNETES, KUBERNETES_IMPORT_ERROR, connect
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.k8s_apply import (
+    Api,
+    ensure_crd,
+    ensure_layout,
+    ensure_node,
+    remove_layout,
+)
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools_kube import (
+    CONNECTION_ARGS,
+    HAS_KUBERNETES,
+    KUBERNETES_IMPORT_ERROR,
+    connect,
+)
 
 ARGUMENT_SPEC = {
     "node_name": {"type": "str", "required": True},

@@ -442,7 +442,8 @@ def cmdline_backend(host: Host, params: Mapping, desired: Mapping[str, str], rec
 def grubby_backend(host: Host, params: Mapping, desired: Mapping[str, str], record: Record) -> dict:
     """One ``grubby --update-kernel=ALL`` with only the differences, from ``grubby --info=ALL``."""
     tool = host.resolve("grubby")
-    assert tool is not None  # detect() found it
+    if tool is None:  # detect() chose this backend because it found grubby
+        raise KernelArgsError("grubby is no longer on PATH under the root", "kernel_args_backend")
     entries = kargs.parse_grubby_info(host.run([tool, "--info=ALL"], writes=False))
     first = entries[0]["args"]
     entry = record.entry("grubby")

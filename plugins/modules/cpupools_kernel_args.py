@@ -1,4 +1,6 @@
 #!/usr/bin/python
+# Copyright: the cpupools authors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Ansible module: write the kernel arguments derived from the CPU pool plan."""
 
 DOCUMENTATION = r"""
@@ -125,18 +127,18 @@ attributes:
     support: full
     description: Shows the old and new kernel command line, and the old and new file.
 author:
-  - cpupools contributors
+  - The cpupools authors (@cpupools)
 """
 
 EXAMPLES = r"""
 - name: Write the kernel arguments of the plan
-  cpupools_kernel_args:
+  cpupools.cpupools.cpupools_kernel_args:
     plan: "{{ cpupools_plan }}"
     isolcpus_flags: [managed_irq, domain]
   register: kargs
 
 - name: Remove them again
-  cpupools_kernel_args:
+  cpupools.cpupools.cpupools_kernel_args:
     state: absent
 """
 
@@ -196,7 +198,7 @@ boot_config:
 actions:
   description: >-
     Every change made, in order (or, in check mode, that a real run makes): files written or removed,
-    commands run. RV(changed) is true exactly when this list is not empty.
+    commands run. C(changed) is true exactly when this list is not empty.
   type: list
   elements: str
   returned: always
@@ -240,9 +242,9 @@ import os
 import socket
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.cpupools import bootloader, kargs
-from ansible.module_utils.cpupools.converge import kernel_exports
-from ansible.module_utils.cpupools.errors import CpupoolsError
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools import bootloader, kargs
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.converge import kernel_exports
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.errors import CpupoolsError
 
 ARGUMENT_SPEC = {
     "state": {"type": "str", "choices": ["present", "absent"], "default": "present"},

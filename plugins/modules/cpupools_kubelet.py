@@ -37,15 +37,21 @@ options:
     choices: [present, absent]
     default: present
   runtime:
-    description: How exclusive CPUs reach workloads, C(cmk) or C(kubelet).
+    description:
+      - How exclusive CPUs reach workloads on the node (C(cpupools_runtime)).
+      - C(kubelet) writes the static CPU manager drop-in, C(cmk) the reservation drop-in when O(dropin=true).
+      - The other runtimes (C(cpu-pooler), C(nri-topology-aware), C(nri-balloons)) have no drop-in;
+        one cpupools wrote earlier is removed like with O(state=absent).
     type: str
-    choices: [cmk, kubelet]
+    choices: [cmk, kubelet, cpu-pooler, nri-topology-aware, nri-balloons]
     default: cmk
   plan:
-    description: The plan of M(cpupools_plan) (the host fact C(cpupools_plan)).
+    description: The plan of M(cpupools.cpupools.cpupools_plan) (the host fact C(cpupools_plan)).
     type: dict
   topology:
-    description: The topology facts of M(cpupools_facts) (C(ansible_facts.cpupools)); needed with O(runtime=kubelet).
+    description:
+      - The topology facts of M(cpupools.cpupools.cpupools_facts) (C(ansible_facts.cpupools)).
+      - Needed with O(runtime=kubelet).
     type: dict
   root:
     description: Root directory the kubelet's files are read and written under.
@@ -114,15 +120,17 @@ options:
 attributes:
   check_mode:
     support: full
+    description: Reads the drop-in and the state file and reports the actions a real run takes; writes nothing.
   diff_mode:
     support: full
+    description: Shows the drop-in's text before and after.
 author:
-  - cpupools authors
+  - The cpupools authors (@cpupools)
 """
 
 EXAMPLES = r"""
 - name: Write the kubelet drop-in (or leave it pending for the rolling restart)
-  cpupools_kubelet:
+  cpupools.cpupools.cpupools_kubelet:
     runtime: kubelet
     plan: "{{ cpupools_plan }}"
     topology: "{{ ansible_facts.cpupools }}"
@@ -167,10 +175,10 @@ actions:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.cpupools import kubelet
-from ansible.module_utils.cpupools.bootloader import Host
-from ansible.module_utils.cpupools.errors import CpupoolsError
-from ansible.module_utils.cpupools.topology import Topology
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools import kubelet
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.bootloader import Host
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.errors import CpupoolsError
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.topology import Topology
 
 ARGUMENT_SPEC = {
     "action": {"type": "str", "choices": ["configure", "apply", "verify"], "default": "configure"},

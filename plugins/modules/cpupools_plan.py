@@ -7,7 +7,7 @@ DOCUMENTATION = r"""
 module: cpupools_plan
 short_description: Compute the CPU pool layout of a node
 description:
-  - Pure computation from the topology facts of M(cpupools_facts) and the pool
+  - Pure computation from the topology facts of M(cpupools.cpupools.cpupools_facts) and the pool
     sizes; never changes anything.
   - C(generate) lets the plan decide which cores are isolated; C(adopt)
     reproduces what CMK's C(cmk init) computes from the C(isolcpus) already on
@@ -25,7 +25,7 @@ version_added: "0.1.0"
 options:
   topology:
     description:
-      - The facts from M(cpupools_facts) (C(ansible_facts.cpupools)).
+      - The facts from M(cpupools.cpupools.cpupools_facts) (C(ansible_facts.cpupools)).
       - Without it (only with O(inputs)) the module only checks the inputs and
         returns no plan; cpulists are then bounded by 65536 CPUs instead of
         the host's possible CPUs. C(playbooks/uninstall.yml) does that.
@@ -98,15 +98,17 @@ options:
 attributes:
   check_mode:
     support: full
+    description: A pure computation; runs the same in check mode.
   diff_mode:
     support: none
+    description: Changes nothing, so there is no diff.
 author:
-  - cpupools authors
+  - The cpupools authors (@cpupools)
 """
 
 EXAMPLES = r"""
 - name: Plan the pools
-  cpupools_plan:
+  cpupools.cpupools.cpupools_plan:
     topology: "{{ ansible_facts.cpupools }}"
     host: "{{ inventory_hostname }}"
     num_exclusive_cores: 8
@@ -189,11 +191,17 @@ inputs:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.cpupools.errors import CpupoolsError
-from ansible.module_utils.cpupools.host_plan import plan_host
-from ansible.module_utils.cpupools.inputs import PLAN_KEYS, check_group, check_root, unknown_variables, validate_inputs
-from ansible.module_utils.cpupools.plan import make_request, plan_pools
-from ansible.module_utils.cpupools.topology import Topology
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.errors import CpupoolsError
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.host_plan import plan_host
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.inputs import (
+    PLAN_KEYS,
+    check_group,
+    check_root,
+    unknown_variables,
+    validate_inputs,
+)
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.plan import make_request, plan_pools
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.topology import Topology
 
 ARGUMENT_SPEC = {
     "topology": {"type": "dict"},

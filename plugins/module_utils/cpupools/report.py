@@ -898,7 +898,10 @@ def host_lines(view: HostView) -> list[str]:
     else:
         lines.append(f"  pools: {'no plan' if not view.has_plan else 'none'} ({NOT_COLLECTED})")
     lines += numa_lines(view)
-    label = lambda name: f"  {name:<15} "  # noqa: E731
+
+    def label(name: str) -> str:
+        return f"  {name:<15} "
+
     iso = f"active {view.isolated_active or 'none'}" if view.isolated_active is not None else f"active {NOT_COLLECTED}"
     iso += f"; planned {view.isolated_planned or 'none'}" if view.isolated_planned is not None else ""
     changes = []

@@ -43,20 +43,23 @@ options:
 attributes:
   check_mode:
     support: full
+    description: Only reads; runs the same in check mode.
   diff_mode:
     support: none
+    description: Changes nothing, so there is no diff.
   facts:
     support: full
+    description: Returns the topology as the fact C(ansible_facts.cpupools).
 author:
-  - cpupools authors
+  - The cpupools authors (@cpupools)
 """
 
 EXAMPLES = r"""
 - name: Gather CPU topology facts
-  cpupools_facts:
+  cpupools.cpupools.cpupools_facts:
 
 - name: Gather facts from a fixture tree
-  cpupools_facts:
+  cpupools.cpupools.cpupools_facts:
     root: /tmp/fixtures/2s22c-smt2
 """
 
@@ -149,9 +152,12 @@ ansible_facts:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.cpupools.errors import CpupoolsError
-from ansible.module_utils.cpupools.hugepages import read_hugepages
-from ansible.module_utils.cpupools.topology import check_facts_root, gather_topology
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.errors import CpupoolsError
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.hugepages import read_hugepages
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.topology import (
+    check_facts_root,
+    gather_topology,
+)
 
 ARGUMENT_SPEC = {
     "root": {"type": "path", "default": "/"},

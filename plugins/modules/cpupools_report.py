@@ -23,8 +23,8 @@ options:
     description:
       - One dict per host, in the order to show them.
       - C(host) (str, required) inventory name; C(topology) the facts of
-        M(cpupools_facts) (C(ansible_facts.cpupools)); C(plan) the plan of
-        M(cpupools_plan) (fact C(cpupools_plan)); C(kernel) the kernel
+        M(cpupools.cpupools.cpupools_facts) (C(ansible_facts.cpupools)); C(plan) the plan of
+        M(cpupools.cpupools.cpupools_plan) (fact C(cpupools_plan)); C(kernel) the kernel
         argument status (C(reboot_required), C(pending),
         C(desired_cmdline_args)); C(state) the pool state status (C(present),
         C(pools), C(tasks)); C(k8s) the Kubernetes status (C(enabled),
@@ -69,19 +69,21 @@ options:
 attributes:
   check_mode:
     support: full
+    description: Renders the report but writes no file.
     details: Renders and says whether the HTML file would change; writes nothing.
   diff_mode:
     support: partial
+    description: Shows which HTML file changes, by size and checksum.
     details: >-
       The diff names the HTML file and its size and SHA-1 before and after,
       not the markup itself, which would bury the rest of a C(--diff) run.
 author:
-  - cpupools authors
+  - The cpupools authors (@cpupools)
 """
 
 EXAMPLES = r"""
 - name: Render the fleet report
-  cpupools_report:
+  cpupools.cpupools.cpupools_report:
     hosts:
       - host: "{{ inventory_hostname }}"
         topology: "{{ ansible_facts.cpupools }}"
@@ -129,8 +131,14 @@ import os
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.cpupools.errors import CpupoolsError
-from ansible.module_utils.cpupools.report import analyse, fleet_summary, page_model, render_page, text_lines
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.errors import CpupoolsError
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.report import (
+    analyse,
+    fleet_summary,
+    page_model,
+    render_page,
+    text_lines,
+)
 
 ARGUMENT_SPEC = {
     "hosts": {"type": "list", "elements": "dict", "required": True},

@@ -58,14 +58,14 @@ attributes:
     support: full
     description: Shows the node's group labels and the state of the group configuration before and after.
 extends_documentation_fragment:
-  - cpupools_kube
+  - cpupools.cpupools.cpupools_kube
 author:
-  - cpupools contributors
+  - The cpupools authors (@cpupools)
 """
 
 EXAMPLES = r"""
 - name: Configure CPU-Pooler for the node
-  cpupools_k8s_runtime:
+  cpupools.cpupools.cpupools_k8s_runtime:
     node_name: "{{ inventory_hostname }}"
     runtime: cpu-pooler
     plan: "{{ cpupools_plan }}"
@@ -73,7 +73,7 @@ EXAMPLES = r"""
   delegate_to: localhost
 
 - name: Take the node out of its runtime group
-  cpupools_k8s_runtime:
+  cpupools.cpupools.cpupools_k8s_runtime:
     node_name: worker-3
     state: absent
     kubeconfig: ~/.kube/config
@@ -106,11 +106,16 @@ labels:
 """
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible.module_utils.cpupools.errors import CpupoolsError, K8sError
-from ansible.module_utils.cpupools.k8s import check_node_name
-from ansible.module_utils.cpupools.k8s_apply import Api
-from ansible.module_utils.cpupools.runtimes import CONFIG_RUNTIMES, ensure_runtime
-from ansible.module_utils.cpupools_kube import CONNECTION_ARGS, HAS_KUBERNETES, KUBERNETES_IMPORT_ERROR, connect
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.errors import CpupoolsError, K8sError
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.k8s import check_node_name
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.k8s_apply import Api
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.runtimes import CONFIG_RUNTIMES, ensure_runtime
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools_kube import (
+    CONNECTION_ARGS,
+    HAS_KUBERNETES,
+    KUBERNETES_IMPORT_ERROR,
+    connect,
+)
 
 ARGUMENT_SPEC = {
     "node_name": {"type": "str", "required": True},

@@ -1,0 +1,404 @@
+"""The repository as the collection cpupools.cpupools: built, installed, run by FQCN, sanity-tested.
+
+What a user with only ``pip install ansible-core`` does, done for real: a
+fresh virtual environment with nothing but the pinned ansible-core builds the
+tarball from this checkout, installs it into an empty collections path and
+runs ``ansible-playbook cpupools.cpupools.site`` against the embedded default
+inventory shipped inside it, with no ansible.cfg, no ANSIBLE_* variable and
+an empty HOME. ``ansible-test sanity`` runs on the installed copy.
+
+Needs the package index (or pip's cache) for the fresh environment and for
+ansible-test's own sanity environments, as scripts/bootstrap.sh does.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from helpers import REPO, VENV_BIN
+
+pytestmark = pytest.mark.slow
+
+NS, NAME = "cpupools", "cpupools"
+RECAP = re.compile(r"^localhost\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.MULTILINE)
+
+
+def _pins(path: Path) -> dict[str, str]:
+    out = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line and not line.startswith("-"):
+            name, version = line.split("==")
+            out[name.lower().replace("_", "-")] = version
+    return out
+
+
+def _galaxy_version() -> str:
+    return re.search(r"^version:\s*(\S+)\s*$", (REPO / "galaxy.yml").read_text(), re.MULTILINE).group(1)
+
+
+def _clean_env(tmp: Path, bin_dir: Path, collections: Path) -> dict[str, str]:
+    """A user's shell: the venv on PATH, nothing of this checkout, an empty HOME."""
+    home = tmp / "home"
+    home.mkdir(exist_ok=True)
+    return {
+        "PATH": f"{bin_dir}{os.pathsep}/usr/bin{os.pathsep}/bin",
+        "HOME": str(home),
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "ANSIBLE_COLLECTIONS_PATH": str(collections),
+        "ANSIBLE_NOCOLOR": "1",
+    }
+
+
+def _run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: int = 900) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, check=False, timeout=timeout
+    )
+
+
+def _recap(proc: subprocess.CompletedProcess) -> dict[str, int]:
+    found = RECAP.findall(proc.stdout)
+    assert found, f"no PLAY RECAP for localhost (rc={proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    ok, changed, unreachable, failed = (int(n) for n in found[-1])
+    return {"ok": ok, "changed": changed, "unreachable": unreachable, "failed": failed}
+
+
+def _build(ansible_galaxy: Path, out: Path, env: dict[str, str]) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    proc = _run([ansible_galaxy, "collection", "build", "--output-path", out, REPO], cwd=out, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    tarball = out / f"{NS}-{NAME}-{_galaxy_version()}.tar.gz"
+    assert tarball.is_file(), proc.stdout
+    return tarball
+
+
+def _install(ansible_galaxy: Path, tarball: Path, collections: Path, env: dict[str, str]) -> Path:
+    proc = _run([ansible_galaxy, "collection", "install", "-p", collections, tarball], cwd=collections.parent, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    installed = collections / "ansible_collections" / NS / NAME
+    assert (installed / "MANIFEST.json").is_file(), proc.stdout + proc.stderr
+    return installed
+
+
+@dataclass(frozen=True)
+class Fresh:
+    bin: Path  # bin/ of a new virtual environment holding only ansible-core
+    tarball: Path  # the collection, built by that environment's ansible-galaxy from this checkout
+
+
+def _shared_dir(tmp_path_factory) -> Path:
+    """A directory every pytest-xdist worker of this session sees (the session's base temp without xdist)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@pytest.fixture(scope="session")
+def fresh(tmp_path_factory) -> Fresh:
+    """One fresh ansible-core environment and one build per test session, shared by the workers.
+
+    The first worker to take the lock creates the venv (ansible-core at the pin
+    of requirements-run.txt, from the package index or pip's cache) and builds
+    the tarball with it; the others wait on the lock and reuse both. Tests that
+    run the collection install the tarball into their own temporary path.
+    """
+    shared = _shared_dir(tmp_path_factory) / "collection-fresh"
+    shared.mkdir(exist_ok=True)
+    venv, dist, done = shared / "venv", shared / "dist", shared / "done"
+    with open(shared / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(venv, ignore_errors=True)
+            shutil.rmtree(dist, ignore_errors=True)
+            core = _pins(REPO / "requirements-run.txt")["ansible-core"]
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+            pip = subprocess.run(
+                [
+                    str(venv / "bin" / "python"),
+                    "-m",
+                    "pip",
+                    "install",
+                    "--quiet",
+                    "--disable-pip-version-check",
+                    f"ansible-core=={core}",
+                ],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            assert pip.returncode == 0, pip.stdout + pip.stderr
+            collections = shared / "collections"
+            collections.mkdir(exist_ok=True)
+            _build(venv / "bin" / "ansible-galaxy", dist, _clean_env(shared, venv / "bin", collections))
+            done.write_text("")
+    return Fresh(venv / "bin", dist / f"{NS}-{NAME}-{_galaxy_version()}.tar.gz")
+
+
+def test_fresh_ansible_core_builds_installs_and_runs_site_by_fqcn(fresh, tmp_path):
+    fresh_core = fresh.bin
+    installed_names = {
+        line.split("==")[0].lower()
+        for line in subprocess.run(
+            [str(fresh_core / "python"), "-m", "pip", "freeze"], capture_output=True, text=True, check=True
+        ).stdout.split()
+    }
+    assert "ansible-core" in installed_names
+    assert not installed_names & {"ansible", "kubernetes", "molecule", "ansible-lint", "pytest"}, installed_names
+
+    collections = tmp_path / "collections"
+    collections.mkdir()
+    env = _clean_env(tmp_path, fresh_core, collections)
+    coll = _install(fresh_core / "ansible-galaxy", fresh.tarball, collections, env)
+    inventory = coll / "inventories" / "local" / "hosts.yml"
+    playbook = [fresh_core / "ansible-playbook", "-i", inventory]
+
+    # The module documentation and a module run by FQCN, from the installed copy.
+    doc = _run([fresh_core / "ansible-doc", "-t", "module", f"{NS}.{NAME}.cpupools_plan"], cwd=tmp_path, env=env)
+    assert doc.returncode == 0 and str(coll) in doc.stdout, doc.stdout + doc.stderr
+
+    # Check mode first: it predicts changes and writes nothing, not even the agent build.
+    check = _run([*playbook, f"{NS}.{NAME}.site", "--check"], cwd=tmp_path, env=env)
+    assert check.returncode == 0, check.stdout[-4000:] + check.stderr[-4000:]
+    assert _recap(check)["changed"] > 0
+    assert not (coll / "sandbox").exists() and not (coll / "build").exists()
+
+    first = _run([*playbook, f"{NS}.{NAME}.site"], cwd=tmp_path, env=env)
+    assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-4000:]
+    assert _recap(first)["changed"] > 0
+    node = coll / "sandbox" / "localhost"
+    pools = json.loads((node / "etc" / "cmk" / "cpupools.json").read_text())
+    assert pools, "the pool state is empty"
+    assert (node / "opt" / "bin" / "cmk").is_file()
+    assert list((node / "etc" / "default" / "grub.d").glob("*.cfg")), "no GRUB drop-in was written"
+
+    second = _run([*playbook, f"{NS}.{NAME}.site"], cwd=tmp_path, env=env)
+    assert second.returncode == 0, second.stdout[-4000:] + second.stderr[-4000:]
+    recap = _recap(second)
+    assert (recap["changed"], recap["failed"]) == (0, 0), second.stdout[-4000:]
+
+    # One stage by FQCN, and a bad value given with -e refused in one line naming host and variable.
+    stage = _run([*playbook, f"{NS}.{NAME}.plan"], cwd=tmp_path, env=env)
+    assert stage.returncode == 0 and _recap(stage)["changed"] == 0, stage.stdout[-4000:]
+    bad = _run([*playbook, f"{NS}.{NAME}.site", "-e", "cpupools_num_exclusive_cores=lots"], cwd=tmp_path, env=env)
+    assert bad.returncode != 0
+    assert re.search(r"localhost.*cpupools_num_exclusive_cores.*lots", bad.stdout), bad.stdout[-4000:]
+    assert "Traceback" not in bad.stdout + bad.stderr
+
+
+def test_tarball_holds_the_collection_and_nothing_of_the_checkout(fresh):
+    with tarfile.open(fresh.tarball) as tar:
+        members = tar.getmembers()
+    names = {m.name for m in members}
+    links = sorted(m.name for m in members if m.issym() or m.islnk())
+    assert not links, f"links in the tarball: {links}"
+
+    modules = sorted(p.name for p in (REPO / "plugins" / "modules").glob("*.py"))
+    utils = sorted(str(p.relative_to(REPO)) for p in (REPO / "plugins" / "module_utils").rglob("*.py"))
+    roles = sorted(p.name for p in (REPO / "roles").iterdir() if p.is_dir())
+    expected = {
+        "MANIFEST.json",
+        "CHANGELOG.md",
+        "FILES.json",
+        "README.md",
+        "meta/runtime.yml",
+        "meta/execution-environment.yml",
+        "requirements.txt",
+        "playbooks/site.yml",
+        "site.yml",
+        "inventories/local/hosts.yml",
+        "scripts/build_agent.py",
+        "tests/sanity/ignore-2.19.txt",
+        "plugins/doc_fragments/cpupools_kube.py",
+        *(f"plugins/modules/{m}" for m in modules),
+        *utils,
+        *(f"roles/{r}/tasks/main.yml" for r in roles),
+        *(f"roles/{r}/meta/argument_specs.yml" for r in roles),
+    }
+    assert expected <= names, sorted(expected - names)
+
+    # Nothing of the checkout's own: tests (but tests/sanity), tools, state of runs.
+    unwanted = re.compile(
+        r"^(\.venv|\.ansible|\.ci|\.config|\.git|collections|sandbox|build|reports|bench|molecule)(/|$)"
+        r"|^tests/(?!sanity(/|$))|^scripts/.*\.sh$|^ansible\.cfg$|^pyproject\.toml$|^requirements-"
+        r"|__pycache__|\.pyc$|\.tar\.gz$"
+    )
+    stray = sorted(n for n in names if unwanted.search(n))
+    assert not stray, f"files of the checkout in the collection: {stray[:20]}"
+
+
+# Skipped sanity tests, each because an earlier step of scripts/test.sh checks the
+# same files more strictly: ansible-doc (the step renders every module with
+# ansible-doc, and the FQCN test renders one from the installed collection) and
+# pep8 (ruff check selects pycodestyle's E and W with a 120-column limit, the
+# sanity test allows 160). Every other test runs, including those a newer
+# ansible-core adds.
+SKIPPED_SANITY = ("ansible-doc", "pep8")
+
+
+def test_ansible_test_sanity_passes_on_the_installed_collection(fresh, tmp_path):
+    collections = tmp_path / "collections"
+    collections.mkdir()
+    env = _clean_env(tmp_path, fresh.bin, collections)
+    env["HOME"] = os.environ.get("HOME", str(Path.home()))  # ansible-test's sanity venvs and pip's cache live here
+    coll = _install(fresh.bin / "ansible-galaxy", fresh.tarball, collections, env)
+    _provide_pip_bootstrap()
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    skips = [arg for test in SKIPPED_SANITY for arg in ("--skip-test", test)]
+    proc = _run(
+        [fresh.bin / "ansible-test", "sanity", "--local", "--python", python, "--color", "no", *skips],
+        cwd=coll,
+        env=env,
+        timeout=1800,
+    )
+    errors = "\n".join(line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith(("ERROR", "FATAL")))
+    assert proc.returncode == 0, errors or proc.stdout[-4000:] + proc.stderr[-4000:]
+    ran = set(re.findall(r'^Running sanity test "([^"]+)"', proc.stdout, re.MULTILINE))
+    assert {"validate-modules", "pylint", "import", "compile", "yamllint", "runtime-metadata"} <= ran, ran
+    assert not ran & set(SKIPPED_SANITY), ran
+
+
+def _provide_pip_bootstrap() -> None:
+    """Put the stand-in get-pip where ansible-test looks first, unless a real one is there."""
+    from ansible_test._internal.python_requirements import get_venv_packages
+
+    class _Python:
+        version = f"{sys.version_info.major}.{sys.version_info.minor}"
+
+    pip_version = get_venv_packages(_Python())["pip"]
+    cache = Path.home() / ".ansible" / "test" / "cache" / f"get_pip_{pip_version.replace('.', '_')}.py"
+    if cache.exists():
+        return
+    import pip
+
+    text = (Path(__file__).parent / "get_pip_stand_in.py").read_text()
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_suffix(".tmp")
+    tmp.write_text(text.replace("@PIP_DIR@", str(Path(pip.__file__).resolve().parent.parent)))
+    tmp.replace(cache)
+
+
+def test_sanity_ignores_each_name_a_reason_and_an_existing_file():
+    ignores = REPO / "tests" / "sanity" / "ignore-2.19.txt"
+    core = _pins(REPO / "requirements-run.txt")["ansible-core"]
+    assert ignores.name == f"ignore-{'.'.join(core.split('.')[:2])}.txt", "the ignore file must match the pinned core"
+    for line in ignores.read_text().splitlines():
+        entry, _, reason = line.partition(" # ")
+        path, check = entry.split(" ")
+        assert len(reason.split()) >= 4, f"no reason given: {line}"
+        assert (REPO / path).is_file(), f"ignore entry for a missing file: {line}"
+        assert check, line
+
+
+def test_run_pins_are_the_dev_pins_and_the_collection_requirement():
+    run = _pins(REPO / "requirements-run.txt")
+    dev = _pins(REPO / "requirements-dev.txt")
+    differ = {name: (version, dev.get(name)) for name, version in run.items() if dev.get(name) != version}
+    assert not differ, f"requirements-run.txt pins that requirements-dev.txt lacks or pins otherwise: {differ}"
+    direct = _pins(REPO / "requirements-run.in")
+    assert direct.keys() == {"ansible-core", "kubernetes", "jinja2", "pyyaml"}
+    assert all(run[name] == version for name, version in direct.items()), (direct, run)
+    collection = (REPO / "requirements.txt").read_text()
+    assert re.search(rf"^kubernetes>={re.escape(run['kubernetes'])}$", collection, re.MULTILINE), collection
+
+
+def test_galaxy_version_runtime_and_changelog_agree():
+    from packaging.specifiers import SpecifierSet
+
+    runtime = (REPO / "meta" / "runtime.yml").read_text()
+    spec = re.search(r'^requires_ansible:\s*"([^"]+)"', runtime, re.MULTILINE).group(1)
+    core = _pins(REPO / "requirements-run.txt")["ansible-core"]
+    assert core in SpecifierSet(spec), f"requires_ansible {spec!r} excludes the pinned ansible-core {core}"
+    changelog = (REPO / "CHANGELOG.md").read_text()
+    assert re.search(r"^## (\S+)", changelog, re.MULTILINE).group(1) == _galaxy_version()
+
+
+def test_layout_script_finds_nothing_left_in_the_checkout():
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "collection_layout.py"), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, f"old layout or imports left; run scripts/collection_layout.py:\n{proc.stdout}"
+
+
+def test_layout_script_converts_a_branch_of_the_old_layout(tmp_path):
+    root = tmp_path / "repo"
+    (root / "library").mkdir(parents=True)
+    (root / "module_utils" / "cpupools").mkdir(parents=True)
+    (root / "tests").mkdir()
+    (root / "library" / "cpupools_new.py").write_text(
+        "#!/usr/bin/python\n"
+        'DOCUMENTATION = r"""\nextends_documentation_fragment:\n  - cpupools_kube\n"""\n'
+        'EXAMPLES = r"""\n- name: Use it\n  cpupools_new:\n    plan: "{{ cpupools_plan }}"\n'
+        '  vars:\n    cpupools_x: 1\n"""\n'
+        "from ansible.module_utils.basic import AnsibleModule\n"
+        "from ansible.module_utils.cpupools.errors import CpupoolsError\n"
+        "from ansible.module_utils.cpupools_kube import connect\n"
+    )
+    (root / "module_utils" / "cpupools" / "new.py").write_text("from .errors import CpupoolsError\n")
+    (root / "templates").mkdir()
+    (root / "templates" / "new.j2").write_text("{# computed in module_utils/cpupools/new.py #}\n")
+    (root / "tests" / "test_new.py").write_text(
+        'import os\nsys.path.insert(0, str(REPO / "module_utils"))\n'
+        'MODULES = (REPO / "library").glob("*.py")\nHERE = os.path.join(HERE, "..", "module_utils")\n'
+    )
+    script = [sys.executable, str(REPO / "scripts" / "collection_layout.py"), "--root", str(root)]
+
+    check = subprocess.run([*script, "--check"], capture_output=True, text=True, check=False)
+    assert check.returncode == 1 and "library/cpupools_new.py" in check.stdout
+    assert (root / "library" / "cpupools_new.py").exists(), "--check moved a file"
+
+    subprocess.run(script, capture_output=True, text=True, check=True)
+    assert not (root / "library").exists() and not (root / "module_utils").exists()
+    module = (root / "plugins" / "modules" / "cpupools_new.py").read_text()
+    assert "from ansible.module_utils.basic import AnsibleModule" in module
+    assert "from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.errors import" in module
+    assert "from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools_kube import connect" in module
+    assert "  - cpupools.cpupools.cpupools_kube\n" in module
+    assert "- name: Use it\n  cpupools.cpupools.cpupools_new:\n" in module
+    assert "    cpupools_x: 1\n" in module, "a variable in an example was taken for a module"
+    unchanged = (root / "plugins" / "module_utils" / "cpupools" / "new.py").read_text()
+    assert unchanged == "from .errors import CpupoolsError\n"
+    test = (root / "tests" / "test_new.py").read_text()
+    assert 'REPO / "plugins" / "module_utils"' in test
+    assert '(REPO / "plugins" / "modules")' in test
+    assert 'os.path.join(HERE, "..", "plugins", "module_utils")' in test
+    template = (root / "templates" / "new.j2").read_text()
+    assert template == "{# computed in plugins/module_utils/cpupools/new.py #}\n"
+
+    again = subprocess.run([*script, "--check"], capture_output=True, text=True, check=False)
+    assert again.returncode == 0, again.stdout
+    shutil.rmtree(root)
+
+
+def test_install_from_git_builds_the_same_collection(tmp_path):
+    if subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, check=False).returncode:
+        pytest.skip("not a git checkout")
+    collections = tmp_path / "collections"
+    collections.mkdir()
+    env = _clean_env(tmp_path, VENV_BIN, collections)
+    proc = _run(
+        [VENV_BIN / "ansible-galaxy", "collection", "install", "-p", collections, f"git+file://{REPO},HEAD"],
+        cwd=tmp_path,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    coll = collections / "ansible_collections" / NS / NAME
+    manifest = json.loads((coll / "MANIFEST.json").read_text())
+    assert manifest["collection_info"]["version"] == _galaxy_version()
+    files = {entry["name"] for entry in json.loads((coll / "FILES.json").read_text())["files"]}
+    assert "playbooks/site.yml" in files and "plugins/modules/cpupools_plan.py" in files
+    assert not {f for f in files if f.startswith(("tests/unit", "molecule", "collections", ".venv", "sandbox"))}
+    doc = _run([VENV_BIN / "ansible-doc", "-t", "module", f"{NS}.{NAME}.cpupools_plan"], cwd=tmp_path, env=env)
+    assert doc.returncode == 0 and str(coll) in doc.stdout, doc.stdout + doc.stderr
