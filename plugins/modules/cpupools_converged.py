@@ -8,8 +8,8 @@ module: cpupools_converged
 short_description: Plan a node and say which cpupools stages have work to do, in one execution
 description:
   - Does in one module execution what the plan play needs from a node - reads the
-    topology (as M(cpupools_facts)), checks every C(cpupools_*) variable and
-    computes the plan (as M(cpupools_plan) with O(inputs)) - and then, with
+    topology (as M(cpupools.cpupools.cpupools_facts)), checks every C(cpupools_*) variable and
+    computes the plan (as M(cpupools.cpupools.cpupools_plan) with O(inputs)) - and then, with
     O(compare), derives every artefact the kernel and agent stages write
     (kernel arguments and boot loader state, the optional drop-ins, the pool
     state, the C(cmk) build, the agent's settings, the reconcile units) with
@@ -51,10 +51,12 @@ options:
 attributes:
   check_mode:
     support: full
+    description: Only reads the node; runs the same in check mode, which is what makes the fast path a check.
   diff_mode:
     support: none
+    description: Changes nothing, so there is no diff; the stages that run show theirs.
 author:
-  - cpupools authors
+  - The cpupools authors (@cpupools)
 """
 
 EXAMPLES = r"""
@@ -68,7 +70,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 plan:
-  description: The pool layout, as M(cpupools_plan) returns it.
+  description: The pool layout, as M(cpupools.cpupools.cpupools_plan) returns it.
   returned: success
   type: dict
 inputs:
@@ -103,7 +105,7 @@ exports:
   returned: success
   type: dict
 ansible_facts:
-  description: The topology as C(cpupools), as M(cpupools_facts) returns it.
+  description: The topology as C(cpupools), as M(cpupools.cpupools.cpupools_facts) returns it.
   returned: success
   type: dict
 """

@@ -259,7 +259,7 @@ def kernel_reasons(values: Mapping, kernel: Mapping, files: Mapping[str, NodeFil
                 if reason:
                     reasons.append(f"{name}: {reason}")
         elif os.path.lexists(under(root, wanted.path)):
-            reasons.append(f"{name}: {wanted.path} is present but {OPTIONAL[name]} is false")
+            reasons.append(f"{name}: {wanted.path} is present but {switch} is false")
     if values["reboot_ok"] and kernel["reboot_required"] and values["root"] == "/":
         reasons.append("reboot: the running kernel lacks the written arguments and cpupools_reboot_ok is true")
     return reasons
