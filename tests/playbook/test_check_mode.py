@@ -41,9 +41,11 @@ class Checkout:
             check=True,
         ).stdout.split(b"\0")
         for rel in filter(None, (name.decode() for name in listed)):
-            src = REPO / rel
-            if src.is_file() and not src.is_symlink():
-                dest = self.dir / rel
+            src, dest = REPO / rel, self.dir / rel
+            if src.is_symlink():  # the collection link collections/ansible_collections/cpupools/cpupools
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                dest.symlink_to(os.readlink(src))
+            elif src.is_file():
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(src, dest)
         self.count = 0
