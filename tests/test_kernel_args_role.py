@@ -214,3 +214,13 @@ def test_a_boot_loader_update_that_failed_once_is_repaired_by_the_next_run(make_
     settled = playbook(ROLE_PLAYBOOK, variables)
     assert settled.rc == 0 and settled.changed() == 0, settled.stdout
     assert grub_cfg.read_text() == cfg
+
+
+def test_a_plan_without_the_plan_plays_files_is_one_clear_message(make_root, playbook, tmp_path):
+    root = make_backend_root(make_root, "grub")
+    variables = role_vars(root, tmp_path / "commands.log")
+    del variables["cpupools_plan_result"]
+    original = tree_snapshot(root)
+    res = playbook(ROLE_PLAYBOOK, variables)
+    assert res.rc != 0 and tree_snapshot(root) == original
+    assert "host localhost: cpupools_plan_result: the plan play did not render this stage's files" in res.messages()
