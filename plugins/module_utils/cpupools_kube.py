@@ -56,27 +56,27 @@ def load_configuration(kubeconfig: str | None, context: str | None, in_cluster: 
         try:
             k8s_config.load_incluster_config(client_configuration=cfg)
         except ConfigException as exc:
-            raise K8sError(f"in-cluster configuration is not available here: {exc}", "kube_in_cluster") from None
+            raise K8sError(f"in-cluster configuration is not available here: {exc}", "k8s_in_cluster") from None
         return cfg
     if not kubeconfig:
-        raise K8sError("no kubeconfig given (and in_cluster is false)", "kubeconfig")
+        raise K8sError("no kubeconfig given (and in_cluster is false)", "k8s_kubeconfig")
     if not os.path.isfile(kubeconfig):
-        raise K8sError(f"kubeconfig {kubeconfig} does not exist or is not a file", "kubeconfig")
+        raise K8sError(f"kubeconfig {kubeconfig} does not exist or is not a file", "k8s_kubeconfig")
     try:
         k8s_config.load_kube_config(
             config_file=kubeconfig, context=context or None, client_configuration=cfg, persist_config=False
         )
     except ConfigException as exc:
         where = f" (context {context!r})" if context else ""
-        raise K8sError(f"kubeconfig {kubeconfig}{where} is not usable: {exc}", "kubeconfig") from None
+        raise K8sError(f"kubeconfig {kubeconfig}{where} is not usable: {exc}", "k8s_kubeconfig") from None
     except yaml.YAMLError as exc:  # YAML errors quote the offending line, which may hold a token: say only where
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise K8sError(f"kubeconfig {kubeconfig} is not valid YAML{where}", "kubeconfig") from None
+        raise K8sError(f"kubeconfig {kubeconfig} is not valid YAML{where}", "k8s_kubeconfig") from None
     except (OSError, ValueError, TypeError, AttributeError, KeyError) as exc:
         raise K8sError(
             f"kubeconfig {kubeconfig} is not usable ({type(exc).__name__}); check its clusters, users and contexts",
-            "kubeconfig",
+            "k8s_kubeconfig",
         ) from None
     return cfg
 
@@ -103,9 +103,9 @@ def connect(kubeconfig: str | None, context: str | None, in_cluster: bool, reque
             response = api_client.call_api(*params, _request_timeout=request_timeout)
             response.read()
         except ApiException as exc:  # TLS failures arrive as status 0
-            raise K8sError(f"cannot talk to the API server {server}: {_reason(exc)}", "kubeconfig") from None
+            raise K8sError(f"cannot talk to the API server {server}: {_reason(exc)}", "k8s_kubeconfig") from None
         except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise K8sError(f"cannot reach the API server {server}: {_reason(exc)}", "kubeconfig") from None
+            raise K8sError(f"cannot reach the API server {server}: {_reason(exc)}", "k8s_kubeconfig") from None
         raw = response.data or b""
         try:
             data = json.loads(raw) if raw else {}

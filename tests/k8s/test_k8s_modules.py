@@ -315,6 +315,15 @@ def test_role_is_skipped_with_a_reason_without_a_kubeconfig(playbook, make_plan)
     )
 
 
+def test_a_missing_kubeconfig_is_refused_by_its_variable_name(playbook, make_plan, tmp_path):
+    missing = tmp_path / "nowhere" / "kubeconfig"
+    res = playbook(ROLE_PLAY, {"cpupools_plan": make_plan(), "cpupools_k8s_kubeconfig": str(missing)})
+    assert res.rc != 0
+    assert f"host localhost: cpupools_k8s_kubeconfig: kubeconfig {missing} does not exist or is not a file" in (
+        res.messages()
+    )
+
+
 def test_role_configures_the_node_then_changes_nothing(playbook, fake, kubeconfig, make_plan):
     extra = {
         "cpupools_plan": make_plan(),
