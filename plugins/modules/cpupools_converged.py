@@ -20,6 +20,10 @@ description:
   - Refuses what the kernel and agent stages would refuse (a foreign GRUB
     drop-in, a command line that is too long, live tasks that a resize cannot
     fit, a corrupt state), with the stages' messages, before any stage runs.
+  - Its action adds the host to the inventory groups the plays select on, as
+    M(ansible.builtin.group_by) would - C(cpupools_planned), C(cpupools_converged_<stage>)
+    for every converged stage, and C(cpupools_k8s_skipped) when RV(k8s_skip_reason) is
+    not empty - through one group named after the combination (C(cpupools_converged_set_...)).
   - See docs/performance.md.
 version_added: "0.2.0"
 options:
@@ -27,6 +31,8 @@ options:
     description:
       - Every C(cpupools_*) variable of the host, by full name (see
         module_utils/cpupools/inputs.py for the spec of each).
+      - The module needs them; its action (on the controller) fills them in
+        with every C(cpupools_*) variable of the host when the task omits them.
     type: dict
     required: true
   host:
@@ -62,7 +68,6 @@ author:
 EXAMPLES = r"""
 - name: Plan the CPU pools and check the node
   cpupools.cpupools.cpupools_converged:
-    inputs: "{{ cpupools_plan_inputs }}"
     host: "{{ inventory_hostname }}"
     build: "{{ cpupools_plan_agent_build.stdout }}"
   register: cpupools_plan_result
@@ -104,6 +109,13 @@ exports:
     - Each is null when the node was not compared (O(compare) false, or the state absent).
   returned: success
   type: dict
+k8s_skip_reason:
+  description:
+    - Why the k8s stage does nothing on this host (C(cpupools_k8s_enabled) false, or
+      no kubeconfig and not in-cluster); empty when it runs. The plan play groups
+      such hosts out of the k8s play and sets C(cpupools_k8s_status) from RV(exports).
+  returned: success
+  type: str
 ansible_facts:
   description: The topology as C(cpupools), as M(cpupools.cpupools.cpupools_facts) returns it.
   returned: success
@@ -117,6 +129,8 @@ from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.converg
     EXPORTS,
     STAGES,
     check_node,
+    k8s_skip_reason,
+    k8s_skipped_status,
     parse_build,
     todo,
 )
@@ -196,6 +210,10 @@ def main():
     enabled = params["compare"] and values["converged_check"]
     pending = todo(stages, enabled, values["state"])
     result.update(todo=pending, converged=[name for name in STAGES if name not in pending])
+    skip = k8s_skip_reason(values)
+    result["k8s_skip_reason"] = skip
+    if skip and values["state"] == "present":
+        result["exports"]["cpupools_k8s_status"] = k8s_skipped_status(skip)
     for warning in plan["warnings"]:
         module.warn(say(warning))
     module.exit_json(changed=False, **result)

@@ -37,6 +37,9 @@ options:
     description:
       - Every C(cpupools_*) variable of the host, by full name (see
         module_utils/cpupools/inputs.py for the spec of each).
+      - A task that gives neither O(topology) nor O(inputs) has them filled in
+        by the module's action, on the controller, with every C(cpupools_*)
+        variable of the host.
       - With O(topology) too, a plan that C(cpupools_runtime) cannot express (docs/runtimes.md)
         is refused, naming the variable to change.
     type: dict

@@ -32,6 +32,11 @@ options:
         planned hugepages (C(cpupools_hugepages), a list of C(size), C(count),
         and C(numa_node)).
       - See docs/report.md for the full schema.
+      - The module needs them; its action fills them in when the task omits
+        them, reading them on the controller from
+        the variables of every host of the play (C(ansible_facts.cpupools),
+        C(cpupools_plan), C(cpupools_kernel_status), C(cpupools_agent_status),
+        C(cpupools_k8s_status)), once for the whole play.
     type: list
     elements: dict
     required: true

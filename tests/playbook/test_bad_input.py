@@ -274,6 +274,12 @@ CASES = [
         cli=("cpupools_k8s_exclusive_resource=exclusive-cores",),
     ),
     Case(
+        "kubeconfig-missing",  # a path on the controller: checked by the plan module's action, not on the node
+        "cpupools_k8s_kubeconfig",
+        "kubeconfig /nonexistent/kubeconfig does not exist or is not a file on the controller",
+        cli=("cpupools_k8s_kubeconfig=/nonexistent/kubeconfig",),
+    ),
+    Case(
         "poll-nan",
         "cpupools_k8s_drain_poll_interval",
         "'nan' is not a number of seconds",

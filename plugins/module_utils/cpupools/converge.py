@@ -437,6 +437,29 @@ def exports(kernel: Mapping, state: Mapping) -> dict:
     return {**kernel_exports(kernel), "cpupools_agent_status": {"present": True, "tasks": state.get("tasks") or {}}}
 
 
+def k8s_skip_reason(values: Mapping) -> str:
+    """Why the k8s stage does nothing on this host ("" = it runs): the role's ``cpupools_k8s_skip_reason``.
+
+    The plan play groups such hosts out of the k8s play (``cpupools_k8s_skipped``)
+    and sets the status that stage would export; tests/playbook/test_k8s_skip.py
+    holds this equal to the role's own variable, which decides when the role
+    runs without the plan play (playbooks/uninstall.yml, reboot.yml).
+    """
+    if not values["k8s_enabled"]:
+        return "cpupools_k8s_enabled is false"
+    if not values["k8s_kubeconfig"] and not values["k8s_in_cluster"]:
+        return (
+            "no kubeconfig is configured: set cpupools_k8s_kubeconfig (a path on the controller)"
+            " or cpupools_k8s_in_cluster: true"
+        )
+    return ""
+
+
+def k8s_skipped_status(reason: str) -> dict:
+    """The ``cpupools_k8s_status`` the k8s stage exports for a host it skips (roles/cpupools_k8s/tasks/main.yml)."""
+    return {"enabled": False, "skipped_reason": reason, "advertised": {}, "expected": {}}
+
+
 def todo(stages: Mapping[str, Sequence[str]], enabled: bool, state: str, known: Sequence[str] = STAGES) -> list[str]:
     """The stages to run: those with a reason; every one when the fast path is off or the state is absent."""
     if not enabled or state != "present":

@@ -530,7 +530,6 @@ INTERNAL = frozenset(
         "kubelet_restart_reason",
         "kubelet_start_result",
         "kernel_templates",
-        "plan_inputs",
         "kernel_hugepages_conf",
         "kernel_hugepages_script",
         "kernel_hugepages_unit",

@@ -1,0 +1,27 @@
+# Copyright: the cpupools authors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The action of cpupools_plan: a task that gives neither ``topology`` nor ``inputs`` checks the host's variables.
+
+Such a task would otherwise be refused ("give topology, inputs, or both"):
+the action fills ``inputs`` with every cpupools_* variable of the host, which
+is how the cpupools_plan role checks them (tasks/inputs.yml). A task with
+either runs the module with its arguments as they are.
+"""
+
+from ansible.plugins.action import ActionBase
+from ansible_collections.cpupools.cpupools.plugins.plugin_utils.inputs import controller_refusal, host_inputs
+
+
+class ActionModule(ActionBase):
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        args = dict(self._task.args)
+        if "inputs" not in args and "topology" not in args:
+            args["inputs"] = host_inputs(task_vars, self._templar)
+        result.update(
+            self._execute_module(module_name="cpupools.cpupools.cpupools_plan", module_args=args, task_vars=task_vars)
+        )
+        refusal = None if result.get("failed") else controller_refusal(args.get("host"), result.get("inputs"))
+        if refusal:  # as the module's own refusals: one line, nothing else
+            return {"failed": True, "changed": False, "msg": refusal}
+        return result
