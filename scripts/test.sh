@@ -37,8 +37,28 @@ step "lint: ruff"
 step "lint: yamllint"
 "$bin/yamllint" -s .
 
-# Jobs beside the pytest run: beside NAME COMMAND... starts one, finish NAME
-# TITLE waits for it and shows its log; its exit status is kept in failed.
+# The CMK v1.4 interleaving test forces PID reuse through ns_last_pid. In a PID
+# namespace of its own, with its own /proc, it moves only that namespace's
+# counter, so it runs beside the other tests; scripts/pidns_init.py is the
+# namespace's PID 1 (it reaps the orphans a killed agent leaves, which would
+# otherwise stay zombies and look alive). Where unshare cannot make a PID
+# namespace (no CAP_SYS_ADMIN), it runs as before: alone, first, in the
+# machine's namespace, where it would reuse the PIDs of other tests.
+pidreuse=("$bin/python" -m pytest -p no:xdist -m pidreuse -rs "$@")
+pidreuse_in_namespace=
+if unshare --pid --fork --mount-proc true 2>/dev/null; then
+    pidreuse_in_namespace=1
+else
+    step "CMK v1.4 interleaving (alone: unshare cannot make a PID namespace here, and it moves the PID counter)"
+    rc=0
+    "${pidreuse[@]}" || rc=$?
+    [ "$rc" = 0 ] || [ "$rc" = 5 ] || exit "$rc"
+fi
+
+# Jobs beside the pytest run: beside NAME COMMAND... starts one; finish NAME
+# TITLE OK waits for it and shows its log, and keeps in failed its exit status
+# unless it is one of OK (pytest's 5 is "nothing selected": a -k filter that
+# matches none of the job's tests).
 declare -A job_pid job_log
 jobs_beside=()
 failed=0
@@ -51,14 +71,13 @@ beside() {
     jobs_beside+=("$name")
 }
 finish() {
-    local name=$1 title=$2 status=0
+    local name=$1 title=$2 ok=" $3 " status=0
     [ -n "${job_pid[$name]:-}" ] || return 0
     wait "${job_pid[$name]}" || status=$?
     step "$title (ran beside the tests above; exit status $status)"
     cat "${job_log[$name]}"
     rm -f "${job_log[$name]}"
-    # 5 is pytest's "nothing selected" (a -k filter that matches none of the job's tests).
-    if [ "$status" != 0 ] && [ "$status" != 5 ] && [ "$failed" = 0 ]; then
+    if [[ $ok != *" $status "* ]] && [ "$failed" = 0 ]; then
         failed=$status
     fi
 }
@@ -75,22 +94,8 @@ lint_job() {
     done
 }
 beside lint lint_job
-
-# The CMK v1.4 interleaving test forces PID reuse through ns_last_pid. In a PID
-# namespace of its own, with its own /proc, it moves only that namespace's
-# counter, so it runs beside the other tests; scripts/pidns_init.py is the
-# namespace's PID 1 (it reaps the orphans a killed agent leaves, which would
-# otherwise stay zombies and look alive). Where unshare cannot make a PID
-# namespace (no CAP_SYS_ADMIN), it runs as before: alone, first, in the
-# machine's namespace, where it would reuse the PIDs of other tests.
-pidreuse=("$bin/python" -m pytest -p no:xdist -m pidreuse -rs "$@")
-if unshare --pid --fork --mount-proc true 2>/dev/null; then
+if [ -n "$pidreuse_in_namespace" ]; then
     beside pidreuse unshare --pid --fork --mount-proc "$bin/python" scripts/pidns_init.py "${pidreuse[@]}"
-else
-    step "CMK v1.4 interleaving (alone: unshare cannot make a PID namespace here, and it moves the PID counter)"
-    rc=0
-    "${pidreuse[@]}" || rc=$?
-    [ "$rc" = 0 ] || [ "$rc" = 5 ] || exit "$rc"
 fi
 
 # The molecule scenarios run one at a time (each boots a systemd container): a
@@ -115,8 +120,8 @@ step "tests (beside them, in the background: ${jobs_beside[*]})"
 rc=0
 "$bin/python" -m pytest -n "${CPUPOOLS_TEST_JOBS:-2}" -m "not molecule and not pidreuse" "$@" || rc=$?
 
-finish lint "lint: ansible-lint, module docs: ansible-doc"
-finish pidreuse "CMK v1.4 interleaving, in a PID namespace of its own"
-finish molecule "molecule platform and scenarios"
+finish lint "lint: ansible-lint, module docs: ansible-doc" "0"
+finish pidreuse "CMK v1.4 interleaving, in a PID namespace of its own" "0 5"
+finish molecule "molecule platform and scenarios" "0 5"
 [ "$rc" = 0 ] || exit "$rc"
 exit "$failed"
