@@ -9,9 +9,21 @@
 # and the variables it uses) changes, because the image tag is the recipe hash.
 #
 # Usage: scripts/setup-molecule.sh          (prints the seconds each step took)
+#        scripts/setup-molecule.sh packages (the host packages only: step 1)
 #        CPUPOOLS_MOLECULE_REBUILD=1 scripts/setup-molecule.sh   (force a rebuild)
+# scripts/test.sh installs the packages first, then runs the rest beside the
+# tests: apt-get may add system accounts, which must not happen while the
+# security tests run useradd.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+only=${1:-all}
+case "$only" in
+    all | packages) ;;
+    *)
+        printf 'setup-molecule: unknown argument %s (packages, or none)\n' "$only" >&2
+        exit 2
+        ;;
+esac
 
 # The tag molecule/*/molecule.yml runs; re-pointed at every rebuild.
 IMAGE_REPO=localhost/cpupools-molecule
@@ -53,6 +65,12 @@ if [ ${#missing[@]} -gt 0 ]; then
     end "installed ${missing[*]}"
 else
     end "already installed"
+fi
+
+if [ "$only" = packages ]; then
+    say "done; seconds per step:"
+    printf '  %s\n' "${timings[@]}" >&2
+    exit 0
 fi
 
 # --- 2. containers.conf -------------------------------------------------------

@@ -3,6 +3,16 @@
 # environment, lint, module docs, then every test.
 #   ./scripts/test.sh            everything
 #   ./scripts/test.sh -k plan    extra arguments go to pytest
+#
+# Only what the tests cannot start without runs first, one step after the
+# other: the system packages (as root, the molecule host packages too), the
+# virtual environment, ruff and yamllint (a few seconds; they fail fast). The
+# rest runs beside the pytest run, which
+# keeps two cores busy only ~80% of the time (measured: 1.6 CPU-seconds per
+# second), each job with its output in a log shown, and its exit status
+# checked, after pytest's: ansible-lint and ansible-doc, the CMK v1.4
+# interleaving test, and (as root) the molecule platform then the molecule
+# scenarios.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export ANSIBLE_CONFIG="$PWD/ansible.cfg"
@@ -14,8 +24,10 @@ step "system packages"
 step "virtual environment"
 ./scripts/bootstrap.sh dev
 if [ "$(id -u)" = 0 ]; then
-    step "molecule platform: podman, runc, the systemd base image"
-    ./scripts/setup-molecule.sh
+    # Only the packages: apt-get may add system accounts, which must not
+    # happen while the security tests run useradd. The rest runs beside the tests.
+    step "molecule platform: the host packages (podman, runc, mmdebstrap)"
+    ./scripts/setup-molecule.sh packages
 fi
 bin=.venv/bin
 
@@ -24,40 +36,92 @@ step "lint: ruff"
 "$bin/ruff" format --check .
 step "lint: yamllint"
 "$bin/yamllint" -s .
-step "lint: ansible-lint (production profile)"
-PATH="$PWD/$bin:$PATH" "$bin/ansible-lint" --offline -q
-step "module docs: ansible-doc"
-for module in plugins/modules/*.py; do
-    name=$(basename "$module" .py)
-    "$bin/ansible-doc" -t module "$name" >/dev/null || { echo "ansible-doc cannot render $name" >&2; exit 1; }
-    echo "ok: $name"
-done
 
-# The CMK v1.4 interleaving test forces PID reuse through the machine's PID
-# counter; beside other tests it would reuse their PIDs too, so it runs alone,
-# first.
-step "CMK v1.4 interleaving (alone: it moves the PID counter)"
-rc=0
-"$bin/python" -m pytest -p no:xdist -m pidreuse -rs "$@" || rc=$?
-[ "$rc" = 0 ] || [ "$rc" = 5 ] || exit "$rc"
+# The CMK v1.4 interleaving test forces PID reuse through ns_last_pid. In a PID
+# namespace of its own, with its own /proc, it moves only that namespace's
+# counter, so it runs beside the other tests; scripts/pidns_init.py is the
+# namespace's PID 1 (it reaps the orphans a killed agent leaves, which would
+# otherwise stay zombies and look alive). Where unshare cannot make a PID
+# namespace (no CAP_SYS_ADMIN), it runs as before: alone, first, in the
+# machine's namespace, where it would reuse the PIDs of other tests.
+pidreuse=("$bin/python" -m pytest -p no:xdist -m pidreuse -rs "$@")
+pidreuse_in_namespace=
+if unshare --pid --fork --mount-proc true 2>/dev/null; then
+    pidreuse_in_namespace=1
+else
+    step "CMK v1.4 interleaving (alone: unshare cannot make a PID namespace here, and it moves the PID counter)"
+    rc=0
+    "${pidreuse[@]}" || rc=$?
+    [ "$rc" = 0 ] || [ "$rc" = 5 ] || exit "$rc"
+fi
 
-# The molecule scenarios run one at a time (each boots a systemd container),
-# beside the other tests: those keep two cores busy only ~80% of the time
-# (measured: 1.6 CPU-seconds per second), a scenario mostly waits on its
-# container, and the two together take the time of the longer rather than the
-# sum. Nothing a scenario writes is in the checkout (its report goes to its
-# own ephemeral directory). Its output is shown after the other tests'.
-# Exit status 5 is "nothing selected" (a -k filter that matches no scenario).
-step "tests, and beside them the molecule scenarios"
-molecule_log=$(mktemp)
-"$bin/python" -m pytest -p no:xdist -m molecule -rs --durations=0 "$@" >"$molecule_log" 2>&1 &
-molecule_pid=$!
+# Jobs beside the pytest run: beside NAME COMMAND... starts one; finish NAME
+# TITLE OK waits for it and shows its log, and keeps in failed its exit status
+# unless it is one of OK (pytest's 5 is "nothing selected": a -k filter that
+# matches none of the job's tests).
+declare -A job_pid job_log
+jobs_beside=()
+failed=0
+beside() {
+    local name=$1
+    shift
+    job_log[$name]=$(mktemp)
+    "$@" >"${job_log[$name]}" 2>&1 &
+    job_pid[$name]=$!
+    jobs_beside+=("$name")
+}
+finish() {
+    local name=$1 title=$2 ok=" $3 " status=0
+    [ -n "${job_pid[$name]:-}" ] || return 0
+    wait "${job_pid[$name]}" || status=$?
+    step "$title (ran beside the tests above; exit status $status)"
+    cat "${job_log[$name]}"
+    rm -f "${job_log[$name]}"
+    if [[ $ok != *" $status "* ]] && [ "$failed" = 0 ]; then
+        failed=$status
+    fi
+}
+
+lint_job() {
+    printf '== lint: ansible-lint (production profile)\n'
+    PATH="$PWD/$bin:$PATH" "$bin/ansible-lint" --offline -q || return
+    printf '== module docs: ansible-doc\n'
+    local module name
+    for module in plugins/modules/*.py; do
+        name=$(basename "$module" .py)
+        "$bin/ansible-doc" -t module "$name" >/dev/null || { echo "ansible-doc cannot render $name" >&2; return 1; }
+        echo "ok: $name"
+    done
+}
+beside lint lint_job
+if [ -n "$pidreuse_in_namespace" ]; then
+    beside pidreuse unshare --pid --fork --mount-proc "$bin/python" scripts/pidns_init.py "${pidreuse[@]}"
+fi
+
+# The molecule scenarios run one at a time (each boots a systemd container): a
+# scenario mostly waits on its container, and beside the pytest run they take
+# the time of the longer rather than the sum. As root, the rest of the molecule
+# platform (the containers.conf drop-in, the systemd base image: mmdebstrap,
+# minutes on a fresh machine) is set up first, in the same job; nothing else
+# needs it.
+# Nothing a scenario writes is in the checkout (its report goes to its own
+# ephemeral directory).
+molecule_job() {
+    if [ "$(id -u)" = 0 ]; then
+        printf '== molecule platform: containers.conf, the systemd base image\n'
+        ./scripts/setup-molecule.sh || return
+        printf '== molecule scenarios\n'
+    fi
+    "$bin/python" -m pytest -p no:xdist -m molecule -rs --durations=0 "$@"
+}
+beside molecule molecule_job "$@"
+
+step "tests (beside them, in the background: ${jobs_beside[*]})"
 rc=0
 "$bin/python" -m pytest -n "${CPUPOOLS_TEST_JOBS:-2}" -m "not molecule and not pidreuse" "$@" || rc=$?
-molecule_rc=0
-wait "$molecule_pid" || molecule_rc=$?
-step "molecule scenarios (ran beside the tests above)"
-cat "$molecule_log"
-rm -f "$molecule_log"
+
+finish lint "lint: ansible-lint, module docs: ansible-doc" "0"
+finish pidreuse "CMK v1.4 interleaving, in a PID namespace of its own" "0 5"
+finish molecule "molecule platform and scenarios" "0 5"
 [ "$rc" = 0 ] || exit "$rc"
-[ "$molecule_rc" = 0 ] || [ "$molecule_rc" = 5 ] || exit "$molecule_rc"
+exit "$failed"

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 from agent_support import agent_env, make_plan, write_plan_state
+from cpupools import converge
+from cpupools import state as st
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 #: One exclusive cpulist: every isolate wants the same one, so any wrong "free" is a double hand-out.
@@ -31,10 +33,15 @@ def _can_choose_pids() -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.pidreuse  # other tests must not see PIDs reused on demand: scripts/test.sh runs it alone
+@pytest.mark.pidreuse  # no other test may see PIDs reused on demand: test.sh runs it in a PID namespace of its own
 @pytest.mark.skipif(not _can_choose_pids(), reason="needs root (a writable /proc/sys/kernel/ns_last_pid) and flock")
 def test_cmk14_and_cpupools_agents_never_hand_one_list_to_two_live_processes(cmk, tmp_path):
     conf = write_plan_state(tmp_path / "cmk", PLAN_ONE)
+    # The node's PID namespace is the one this test runs in, as the agent role records it on a node:
+    # the machine's, or (scripts/test.sh) one of its own with its own /proc, where the ns_last_pid
+    # writes move that namespace's counter only.
+    pid_ns = converge.node_pid_namespace()
+    (conf / st.AGENT_SETTINGS).write_text(converge.render_agent_settings(pid_ns, isolate_shell=False))
     work = tmp_path / "work"
     work.mkdir()
     res = subprocess.run(
@@ -51,7 +58,7 @@ def test_cmk14_and_cpupools_agents_never_hand_one_list_to_two_live_processes(cmk
     )
     assert res.returncode == 0, res.stderr[-3000:]
     stats = json.loads(res.stdout)
-    print(stats)
+    print(stats, "in the machine's PID namespace" if pid_ns == st.INIT_PID_NS_INO else f"in PID namespace {pid_ns}")
     assert stats["attempts"] == ATTEMPTS
     assert stats["double_handouts"] == 0, (work / "doubles").read_text()
     assert stats["unclean_after_reconcile"] == 0  # dead tasks freed, orphan markers cleaned
