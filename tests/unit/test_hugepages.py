@@ -81,6 +81,8 @@ def test_e_text_means_what_the_yaml_list_means():
         ),
         ([{"size": "2M", "count": 2}, {"size": "2M", "count": 4, "numa_node": 0}], "size 2M is given both without"),
         ([{"size": "2M", "count": 2, "node": 0}], "entry 1: unknown key node (known: size, count, numa_node)"),
+        # found by test_inputs' random values: a key with a line break must not break the one-line message
+        ([{"size\r": "2M", "count": 2}], "entry 1: unknown key 'size\\r' (known: size, count, numa_node)"),
         ([{"size": "2M"}], "entry 1: count is missing"),
         ([{"size": "2M", "count": -1}], "entry 1: count -1 is not between 0 and 1099511627776"),
         ([{"size": "2M", "count": True}], "entry 1: count True is not a number of pages"),

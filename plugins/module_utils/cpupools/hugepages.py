@@ -127,7 +127,12 @@ def parse_entries(raw: object, field: str = FIELD) -> list[dict]:
         where = f"entry {index + 1}"
         if not isinstance(item, Mapping):
             raise PlanError(f"{where}: {_show(item)} is not a mapping with size and count", field)
-        unknown = sorted(str(key) for key in item if key not in ("size", "count", "numa_node"))
+        # a key that is not printable (a stray "\r" from a Windows-edited file) is shown quoted: one line
+        unknown = sorted(
+            str(key) if str(key).isprintable() else _show(key)
+            for key in item
+            if key not in ("size", "count", "numa_node")
+        )
         if unknown:
             raise PlanError(f"{where}: unknown key {', '.join(unknown)} (known: size, count, numa_node)", field)
         for key in ("size", "count"):
