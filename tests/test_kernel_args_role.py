@@ -117,13 +117,24 @@ def test_switching_a_drop_in_off_removes_it_and_only_then_runs_a_removal(make_ro
     assert kubelet["changed"] is False and kubelet["actions"] == []
 
 
-def test_role_refuses_a_missing_plan(make_root, playbook, tmp_path):
+@pytest.mark.parametrize(
+    ("missing", "message"),
+    [
+        ("cpupools_plan", "cpupools_plan: no plan"),
+        (
+            "cpupools_plan_result",
+            "host localhost: cpupools_plan_result: the plan play did not render this stage's files",
+        ),
+    ],
+)
+def test_role_refuses_a_missing_plan_in_one_clear_message(make_root, playbook, tmp_path, missing, message):
+    """No plan at all, or a plan without the plan play's rendered files: refused, nothing written."""
     root = make_backend_root(make_root, "grub")
-    variables = role_vars(root, tmp_path / "log")
-    del variables["cpupools_plan"]
+    variables = role_vars(root, tmp_path / "commands.log")
+    del variables[missing]
     original = tree_snapshot(root)
     res = playbook(ROLE_PLAYBOOK, variables)
-    assert res.rc != 0 and "cpupools_plan: no plan" in res.messages()
+    assert res.rc != 0 and message in res.messages()
     assert tree_snapshot(root) == original
 
 
@@ -214,13 +225,3 @@ def test_a_boot_loader_update_that_failed_once_is_repaired_by_the_next_run(make_
     settled = playbook(ROLE_PLAYBOOK, variables)
     assert settled.rc == 0 and settled.changed() == 0, settled.stdout
     assert grub_cfg.read_text() == cfg
-
-
-def test_a_plan_without_the_plan_plays_files_is_one_clear_message(make_root, playbook, tmp_path):
-    root = make_backend_root(make_root, "grub")
-    variables = role_vars(root, tmp_path / "commands.log")
-    del variables["cpupools_plan_result"]
-    original = tree_snapshot(root)
-    res = playbook(ROLE_PLAYBOOK, variables)
-    assert res.rc != 0 and tree_snapshot(root) == original
-    assert "host localhost: cpupools_plan_result: the plan play did not render this stage's files" in res.messages()

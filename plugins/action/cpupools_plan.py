@@ -9,7 +9,7 @@ either runs the module with its arguments as they are.
 """
 
 from ansible.plugins.action import ActionBase
-from ansible_collections.cpupools.cpupools.plugins.plugin_utils.inputs import controller_refusal, host_inputs
+from ansible_collections.cpupools.cpupools.plugins.plugin_utils.inputs import host_inputs, run_plan_module
 
 
 class ActionModule(ActionBase):
@@ -18,10 +18,5 @@ class ActionModule(ActionBase):
         args = dict(self._task.args)
         if "inputs" not in args and "topology" not in args:
             args["inputs"] = host_inputs(task_vars, self._templar)
-        result.update(
-            self._execute_module(module_name="cpupools.cpupools.cpupools_plan", module_args=args, task_vars=task_vars)
-        )
-        refusal = None if result.get("failed") else controller_refusal(args.get("host"), result.get("inputs"))
-        if refusal:  # as the module's own refusals: one line, nothing else
-            return {"failed": True, "changed": False, "msg": refusal}
+        result.update(run_plan_module(self, "cpupools.cpupools.cpupools_plan", args, task_vars))
         return result

@@ -1,6 +1,6 @@
 # Copyright: the cpupools authors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Every ``cpupools_*`` variable of a host, read on the controller for the plan modules' actions.
+"""The plan modules' actions: every ``cpupools_*`` variable of a host, and what only the controller can check.
 
 The modules check them all against the one spec (module_utils/cpupools/inputs.py)
 and warn about unknown names; reading them here, in Python, costs less per
@@ -33,3 +33,14 @@ def controller_refusal(host, values):
         return None
     where = f"host {host}: " if host else ""
     return f"{where}cpupools_k8s_kubeconfig: kubeconfig {path} does not exist or is not a file on the controller"
+
+
+def run_plan_module(action, module_name, args, task_vars):
+    """Run the plan module ``module_name`` for ``action`` and add the controller's own check of its inputs.
+
+    The result is the module's, or, when ``controller_refusal`` refuses its
+    normalised inputs, a one-line failure like the module's own refusals.
+    """
+    result = action._execute_module(module_name=module_name, module_args=args, task_vars=task_vars)
+    refusal = None if result.get("failed") else controller_refusal(args.get("host"), result.get("inputs"))
+    return {"failed": True, "changed": False, "msg": refusal} if refusal else result
