@@ -145,3 +145,21 @@ def plan_play_files(variables: dict, host: str = "localhost") -> dict:
     outputs = housekeeping_outputs(variables["cpupools_plan"])
     files = desired_files(values, outputs, host, node_pid_namespace())
     return {"files": {name: item.to_result() for name, item in files.items()}}
+
+
+def run_module(name: str, args: dict, tmp_path: Path) -> dict:
+    """Run ``plugins/modules/<name>.py`` directly, as outside a task (no action plugin), with this Python.
+
+    For the modules whose action does their work on the controller: the module
+    run directly must give what the action gives.
+    """
+    args_file = tmp_path / f"{name}-args.json"
+    args_file.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": args}))
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "plugins" / "modules" / f"{name}.py"), str(args_file)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=dict(os.environ, PYTHONPATH=str(REPO / "collections")),
+    )
+    return json.loads(proc.stdout)

@@ -1,16 +1,25 @@
 # Copyright: the cpupools authors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The action of cpupools_report: collect every host's report input on the controller, then run the module.
+"""The action of cpupools_report: collect every host's report input and render the report, on the controller.
 
 Without a ``hosts`` argument it reads, for each host of the play, the
 variables the report is built from, in one task run once: the role needs no
-``set_fact`` per host (docs/performance.md). With ``hosts`` it passes them on
-as they are.
+``set_fact`` per host (docs/performance.md). With ``hosts`` it takes them as
+they are.
+
+It renders in the worker, with the module's own function
+(``report.report``) and its argument spec: no module process, and the
+inputs of the whole fleet are not serialised to one and back
+(docs/performance.md). The report is a file on the controller whatever the
+task's delegation.
 """
 
 from collections.abc import Mapping
 
 from ansible.plugins.action import ActionBase
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.errors import CpupoolsError
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.report import ARGUMENT_SPEC, report
+from ansible_collections.cpupools.cpupools.plugins.plugin_utils.inputs import checked_args
 
 #: Report input key -> the host variable it is read from (docs/report.md, input schema).
 PARTS = (
@@ -35,13 +44,20 @@ def host_input(host, variables):
 
 
 class ActionModule(ActionBase):
+    _supports_check_mode = True
+
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         args = dict(self._task.args)
         if "hosts" not in args:
             hostvars = task_vars["hostvars"]
             args["hosts"] = [host_input(host, hostvars[host]) for host in task_vars["ansible_play_hosts"]]
-        result.update(
-            self._execute_module(module_name="cpupools.cpupools.cpupools_report", module_args=args, task_vars=task_vars)
-        )
+        params, refusal = checked_args(args, ARGUMENT_SPEC, "cpupools report")
+        if refusal:
+            result.update(failed=True, msg=refusal)
+            return result
+        try:
+            result.update(report(params, bool(self._task.check_mode)))
+        except CpupoolsError as exc:
+            result.update(failed=True, changed=False, msg=f"cpupools report: {exc}")
         return result

@@ -13,6 +13,10 @@ description:
     each node's sockets, NUMA nodes, L3 domains, cores and hyperthreads
     coloured by pool, and tables of pools, NUMA nodes, L3 domains and
     hugepages (planned against present).
+  - Its action renders the report in the controller's own Python, in the
+    task's worker, with no module process (the HTML file is written on the
+    controller whatever the task's delegation); this module is what a direct
+    run outside a task executes, with the same function and options.
   - Pure rendering from its inputs; the output is deterministic, so an
     unchanged fleet rewrites nothing and reports C(changed=false).
   - Every per-host part but C(host) is optional; a missing part is shown as
@@ -131,98 +135,18 @@ html_path:
   type: str
 """
 
-import hashlib
-import os
-import tempfile
-
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.errors import CpupoolsError
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.report import (
-    analyse,
-    fleet_summary,
-    page_model,
-    render_page,
-    text_lines,
-)
-
-ARGUMENT_SPEC = {
-    "hosts": {"type": "list", "elements": "dict", "required": True},
-    "failed_hosts": {"type": "list", "elements": "str", "default": []},
-    "html_path": {"type": "path"},
-    "template": {"type": "path"},
-    "title": {"type": "str", "default": "cpupools report"},
-    "generated": {"type": "str"},
-}
-
-
-def _describe(content):
-    if content is None:
-        return "(absent)\n"
-    return f"{len(content)} bytes, sha1 {hashlib.sha1(content).hexdigest()}\n"
-
-
-def _write_atomic(module, path, content):
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, mode=0o755, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".cpupools-report-", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(content)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)
-        module.atomic_move(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.report import ARGUMENT_SPEC, report
 
 
 def main():
+    # Reached only when the module is run directly: a task runs its action, which calls report() in the worker.
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    params = module.params
-    if params["html_path"] and not params["template"]:
-        module.fail_json(msg="cpupools report: html_path is set but template is not (the role passes its own)")
     try:
-        views = analyse(params["hosts"])
-        lines = text_lines(views, params["failed_hosts"], params["generated"])
-        page = None
-        if params["html_path"]:
-            model = page_model(views, params["failed_hosts"], params["title"], params["generated"])
-            page = render_page(model, params["template"])
+        result = report(module.params, module.check_mode, module.atomic_move)
     except CpupoolsError as exc:
         module.fail_json(msg=f"cpupools report: {exc}")
-    result = {
-        "changed": False,
-        "text": "\n".join(lines) + "\n",
-        "lines": lines,
-        "summary": fleet_summary(views, params["failed_hosts"]),
-        "hosts": {v.host: {"status": v.status, "drift": v.drift, "warnings": v.warnings} for v in views},
-        "html_path": None,
-    }
-    if page is not None:
-        path = params["html_path"]
-        content = page.encode("utf-8")
-        try:
-            with open(path, "rb") as handle:
-                current = handle.read()
-        except FileNotFoundError:
-            current = None
-        except OSError as exc:
-            module.fail_json(msg=f"cpupools report: cannot read {path}: {exc.strerror}")
-        result["html_path"] = path
-        if current != content:
-            result["changed"] = True
-            result["diff"] = {
-                "before_header": path,
-                "after_header": path,
-                "before": _describe(current),
-                "after": _describe(content),
-            }
-            if not module.check_mode:
-                try:
-                    _write_atomic(module, path, content)
-                except OSError as exc:
-                    module.fail_json(msg=f"cpupools report: cannot write {path}: {exc.strerror}")
     module.exit_json(**result)
 
 

@@ -44,3 +44,20 @@ def run_plan_module(action, module_name, args, task_vars):
     result = action._execute_module(module_name=module_name, module_args=args, task_vars=task_vars)
     refusal = None if result.get("failed") else controller_refusal(args.get("host"), result.get("inputs"))
     return {"failed": True, "changed": False, "msg": refusal} if refusal else result
+
+
+def checked_args(args, spec, what):
+    """``(parameters, None)`` validated against ``spec``, or ``(None, refusal)`` in the words of a module's own refusal.
+
+    For the actions that do their module's work themselves: the same spec, the
+    same coercions (``path``, defaults), and one line naming ``what`` the task is.
+    """
+    from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+    from ansible.module_utils.errors import UnsupportedError
+
+    checked = ArgumentSpecValidator(spec).validate(args)
+    if not checked.error_messages:
+        return checked.validated_parameters, None
+    errors = checked.errors.errors
+    messages = [f"unsupported parameters: {e}" if isinstance(e, UnsupportedError) else str(e) for e in errors]
+    return None, f"{what}: {'; '.join(messages)}"

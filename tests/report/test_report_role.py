@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers import REPO, run_module
 
 pytestmark = pytest.mark.slow
 
@@ -140,3 +141,48 @@ def test_the_plans_hugepages_reach_the_report(playbook, extra, tmp_path):
     assert raw.rc == 0, raw.stdout
     lines = raw.result("cpupools_report : Print the fleet report")["msg"]
     assert "  hugepages       NUMA node 0 1G: planned 6, total 4, free 4; pending reboot" in lines
+
+
+def test_the_module_run_directly_renders_what_the_action_renders(playbook, host_input, tmp_path):
+    """The action renders in the worker; the module (run outside a task) must give the same report and page."""
+    entry = host_input("2s8c-2numa", {"num_exclusive_cores": 3})
+    entry["host"] = "node-1"
+    template = REPO / "roles" / "cpupools_report" / "templates" / "cpupools-report.html.j2"
+    task = """\
+    - name: Report
+      hosts: localhost
+      gather_facts: false
+      tasks:
+        - name: Render
+          cpupools.cpupools.cpupools_report:
+            hosts: "{{ hosts }}"
+            html_path: "{{ html }}"
+            template: "{{ template }}"
+    """
+    by_action = tmp_path / "action" / "report.html"
+    run = playbook(task, {"hosts": [entry], "html": str(by_action), "template": str(template)})
+    assert run.rc == 0, run.stdout + run.stderr
+    action = run.result("Render")
+    assert action["changed"] is True and action["html_path"] == str(by_action)
+
+    by_module = tmp_path / "module" / "report.html"
+    module = run_module(
+        "cpupools_report", {"hosts": [entry], "html_path": str(by_module), "template": str(template)}, tmp_path
+    )
+    assert module["changed"] is True and module["html_path"] == str(by_module)
+    assert module["lines"] == action["lines"] and module["hosts"] == action["hosts"]
+    assert by_module.read_bytes() == by_action.read_bytes()
+    assert oct(by_module.stat().st_mode & 0o777) == oct(by_action.stat().st_mode & 0o777) == "0o644"
+
+    # Both refuse the same way: a template missing beside the path given.
+    refusals = []
+    run = playbook(task, {"hosts": [entry], "html": str(by_action), "template": str(tmp_path / "none.j2")})
+    refusals.append(run.result("Render")["msg"])
+    refusals.append(
+        run_module(
+            "cpupools_report",
+            {"hosts": [entry], "html_path": str(by_module), "template": str(tmp_path / "none.j2")},
+            tmp_path,
+        )["msg"]
+    )
+    assert refusals == [f"cpupools report: HTML template none.j2 not found beside {tmp_path / 'none.j2'}"] * 2

@@ -44,9 +44,11 @@ over ``page_model``, which holds every value the page shows.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-from collections.abc import Iterable, Mapping, Sequence
+import tempfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .cpulist import format_cpulist, parse_cpulist
@@ -1058,3 +1060,87 @@ def render_html(
 ) -> str:
     """One self-contained HTML page: inline CSS, no script, no external asset."""
     return render_page(page_model(analyse(hosts), failed, title, generated), template)
+
+
+#: The options of the ``cpupools_report`` module; its action checks a task's arguments against the same spec.
+ARGUMENT_SPEC = {
+    "hosts": {"type": "list", "elements": "dict", "required": True},
+    "failed_hosts": {"type": "list", "elements": "str", "default": []},
+    "html_path": {"type": "path"},
+    "template": {"type": "path"},
+    "title": {"type": "str", "default": "cpupools report"},
+    "generated": {"type": "str"},
+}
+
+
+def _describe(content: bytes | None) -> str:
+    if content is None:
+        return "(absent)\n"
+    return f"{len(content)} bytes, sha1 {hashlib.sha1(content).hexdigest()}\n"
+
+
+def _write_atomic(path: str, content: bytes, move: Callable[[str, str], object]) -> None:
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".cpupools-report-", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(content)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, 0o644)
+        move(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def report(params: Mapping, check_mode: bool = False, move: Callable[[str, str], object] = os.replace) -> dict:
+    """The ``cpupools_report`` result for its validated options: render, and write the page when it changed.
+
+    The module and its action (which runs it on the controller, in the
+    worker, with no module process) both call this. ``move`` replaces the
+    page with the written temporary file (the module passes
+    ``AnsibleModule.atomic_move``). Raises ``ReportError`` (a ``CpupoolsError``)
+    with a one-line message.
+    """
+    if params.get("html_path") and not params.get("template"):
+        raise ReportError("html_path is set but template is not (the role passes its own)")
+    failed = params.get("failed_hosts") or []
+    views = analyse(params["hosts"])
+    lines = text_lines(views, failed, params.get("generated"))
+    result: dict = {
+        "changed": False,
+        "text": "\n".join(lines) + "\n",
+        "lines": lines,
+        "summary": fleet_summary(views, failed),
+        "hosts": {v.host: {"status": v.status, "drift": v.drift, "warnings": v.warnings} for v in views},
+        "html_path": None,
+    }
+    path = params.get("html_path")
+    if not path:
+        return result
+    model = page_model(views, failed, params.get("title") or "cpupools report", params.get("generated"))
+    content = render_page(model, params["template"]).encode("utf-8")
+    try:
+        with open(path, "rb") as handle:
+            current: bytes | None = handle.read()
+    except FileNotFoundError:
+        current = None
+    except OSError as exc:
+        raise ReportError(f"cannot read {path}: {exc.strerror}") from None
+    result["html_path"] = path
+    if current != content:
+        result["changed"] = True
+        result["diff"] = {
+            "before_header": path,
+            "after_header": path,
+            "before": _describe(current),
+            "after": _describe(content),
+        }
+        if not check_mode:
+            try:
+                _write_atomic(path, content, move)
+            except OSError as exc:
+                raise ReportError(f"cannot write {path}: {exc.strerror}") from None
+    return result
