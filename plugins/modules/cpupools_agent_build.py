@@ -57,7 +57,9 @@ EXAMPLES = r"""
 
 RETURN = r"""
 rc:
-  description: The script's exit status (2 for a bad shebang or a script Python cannot open; 1 when no Python could start).
+  description: >-
+    The script's exit status (2 for a bad shebang or a script Python cannot
+    open; 1 when no Python could start).
   returned: always
   type: int
 stdout:
