@@ -45,9 +45,12 @@ from urllib.parse import quote
 from .cpulist import format_cpulist, parse_cpulist
 from .errors import K8sError, PlanError
 from .inputs import HT_POLICIES, RUNTIMES
-from .k8s import MANAGED_BY, NodeWants
-from .k8s_apply import FIELD_MANAGER, ensure_node, failure, node_path
 from .plan import ENI, EXCLUSIVE, INFRA, SHARED
+
+# The Kubernetes side (k8s, k8s_apply) is imported by the functions that talk
+# to the API server, not here: the plan play's module imports this file for
+# check_runtime on every host of every run, and compiling those two files on
+# each node was a seventh of the time its own imports take (docs/performance.md).
 
 CMK = "cmk"
 KUBELET = "kubelet"
@@ -269,6 +272,8 @@ def render_nri(plan: Mapping, runtime: str) -> dict:
 
 
 def nri_object(runtime: str, spec: Mapping, group: str, namespace: str) -> dict:
+    from .k8s import MANAGED_BY
+
     kind = NRI_KINDS[runtime][0]
     return {
         "apiVersion": f"{NRI_GROUP}/{NRI_VERSION}",
@@ -334,6 +339,9 @@ def _ensure_pooler_file(api: Any, namespace: str, key: str, text: str | None, ch
     guards them); a 409 means another host wrote in between: read again.
     A ConfigMap cpupools created and left without keys is deleted.
     """
+    from .k8s import MANAGED_BY
+    from .k8s_apply import FIELD_MANAGER, failure
+
     path = _configmap_path(namespace, POOLER_CONFIGMAP)
     for _ in range(api.attempts * 2):
         code, current = api.raw("GET", path)
@@ -385,6 +393,9 @@ def _ensure_pooler_file(api: Any, namespace: str, key: str, text: str | None, ch
 
 def _ensure_nri_object(api: Any, runtime: str, namespace: str, name: str, obj: dict | None, check_mode: bool) -> str:
     """Create, replace or delete (``obj`` None) one nri-plugins policy object."""
+    from .k8s import MANAGED_BY
+    from .k8s_apply import FIELD_MANAGER, failure
+
     path = _nri_path(runtime, namespace, name)
     for _ in range(api.attempts * 2):
         code, current = api.raw("GET", path)
@@ -485,6 +496,9 @@ def ensure_runtime(
     is undone). ``state: absent`` (or a runtime with nothing to publish)
     removes our labels and retires their groups.
     """
+    from .k8s import NodeWants
+    from .k8s_apply import ensure_node, node_path
+
     if runtime not in RUNTIMES:
         raise K8sError(f"{runtime!r} is not one of {', '.join(RUNTIMES)}", "runtime")
     node = api.call("GET", node_path(api.node))
