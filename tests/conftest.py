@@ -11,6 +11,13 @@ from sysfs import CORPUS, Spec, write_tree
 #: late runs alone on one worker after the other has run out of work, which
 #: cost the suite minutes. So these start first, then every other ``slow``
 #: test (real playbook runs), then the quick ones fill the gaps at the end.
+#:
+#: The first, test_converged's fleet of 20 hosts, stays one item: its
+#: ansible-playbook runs with 4 forks and keeps about 1.5 cores busy on its own
+#: (alone, pytest without -n: 412 s, 636 CPU-s). Split into two fleets of
+#: every other shape, one per worker (-n 2), it took 476 s on both workers and
+#: 707 CPU-s: more of the two cores, for no gain on a suite that keeps them
+#: busy (both under nice -n 19, on a machine shared with other jobs).
 LONGEST = (
     "tests/playbook/test_converged.py::test_every_shape_and_transition",
     "tests/agent/test_state_crash.py::test_a_kill_at_any_system_call",

@@ -12,6 +12,13 @@ string). It asserts, for each:
 * no Python traceback anywhere in the output;
 * nothing changed on the node root (the sandbox), beside it (the report), or
   in the controller's checkout (build/, sandbox/, reports/).
+
+A value given with ``-e`` applies to every host of a run, so each of those
+cases needs an ``ansible-playbook`` run of its own. The cases whose bad value
+is in the inventory, or in the node's or facts' files, are per host: they run
+together, one host each, in one run (the plan play refuses them all in its
+one module task, each host with its own message; ``any_errors_fatal`` stops
+the run after that task).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import yaml
 from cpupools.cpulist import parse_cpulist
 from helpers import REPO, run_playbook, tree_snapshot
 from sysfs import CORPUS, write_tree
@@ -44,6 +52,11 @@ class Case:
     json: dict = field(default_factory=dict)  # -e @file.json (YAML/JSON types)
     cli: tuple[str, ...] = ()  # -e key=value (strings, as an operator types them)
     prepare: str = ""  # name of a setup in PREPARE
+
+    @property
+    def per_host(self) -> bool:
+        """Nothing on the command line: the case can be one host among others in a run."""
+        return not self.json and not self.cli
 
 
 CASES = [
@@ -426,7 +439,7 @@ def assert_refused_in_plan_play(res, variable: str, message: str) -> str:
     return msg
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+@pytest.mark.parametrize("case", [case for case in CASES if not case.per_host], ids=lambda c: c.id)
 def test_bad_input_is_refused_before_anything_is_written(tmp_path, built_agent, case):
     inventory = write_inventory(tmp_path, case.yaml)
     extra = dict(case.json)
@@ -440,6 +453,66 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path, built_agent, 
     # The extra-vars file is the only new file, and it was written before the run.
     after = {k: v for k, v in tree_snapshot(tmp_path).items() if not k.startswith("extra-vars-")}
     assert after == {k: v for k, v in node_before.items() if not k.startswith("extra-vars-")}
+    assert not (tmp_path / "report.html").exists()
+    assert checkout_snapshot() == checkout_before
+
+
+def write_fleet_inventory(tmp_path: Path, cases: list[Case]) -> Path:
+    """One host per case, named by its id, in a group of its own whose group_vars hold the case.
+
+    Each host has its own node root (``<id>/sandbox``); the fleet has one report.
+    """
+    inv = tmp_path / "inventory"
+    (inv / "group_vars").mkdir(parents=True)
+    groups = {}
+    for case in cases:
+        group = "case_" + case.id.replace("-", "_")
+        groups[group] = {"hosts": {case.id: {"ansible_connection": "local"}}}
+        home = tmp_path / case.id
+        home.mkdir()
+        prepared = PREPARE[case.prepare](home) if case.prepare else {}
+        base = {
+            "ansible_python_interpreter": "{{ ansible_playbook_python }}",
+            "cpupools_facts_root": str(TOPOLOGY),
+            "cpupools_root": str(home / "sandbox"),
+            "cpupools_report_html": str(tmp_path / "report.html"),
+            "cpupools_kernel_args_backend": "grub",
+            "cpupools_num_exclusive_cores": 8,
+            "cpupools_num_shared_cores": 1,
+            **prepared,
+        }
+        (inv / "group_vars" / f"{group}.yml").write_text(yaml.safe_dump(base) + case.yaml)
+    hosts = {"all": {"children": {"cpupools_nodes": {"children": groups}}}}
+    (inv / "hosts.yml").write_text(yaml.safe_dump(hosts))
+    return inv / "hosts.yml"
+
+
+def test_bad_input_of_each_host_is_refused_for_that_host_before_anything_is_written(tmp_path, built_agent):
+    cases = [case for case in CASES if case.per_host]
+    assert len(cases) > 1 and len({case.id for case in cases}) == len(cases)
+    inventory = write_fleet_inventory(tmp_path, cases)
+    node_before = tree_snapshot(tmp_path)
+    checkout_before = checkout_snapshot()
+    res = run_playbook(REPO / "site.yml", tmp_path, None, inventory=str(inventory))
+    output = res.stdout + res.stderr
+    assert res.rc != 0, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    plays = [play["play"]["name"] for play in (res.data or {}).get("plays", [])]
+    assert plays == ["Plan the CPU pools"], plays
+    failed: dict[str, list[str]] = {}
+    for task in res.tasks():
+        for host, result in task["hosts"].items():
+            if result.get("failed"):
+                failed.setdefault(host, []).append(str(result.get("msg")))
+    # Every host refused, once, with its own one-line message and no other's.
+    assert sorted(failed) == sorted(case.id for case in cases), failed
+    for case in cases:
+        assert len(failed[case.id]) == 1, (case.id, failed[case.id])
+        msg = failed[case.id][0]
+        assert "\n" not in msg, msg
+        assert msg.startswith(f"host {case.id}: {case.variable}: "), msg
+        assert case.message in msg, msg
+    assert tree_snapshot(tmp_path) == node_before
     assert not (tmp_path / "report.html").exists()
     assert checkout_snapshot() == checkout_before
 
