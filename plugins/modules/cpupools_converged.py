@@ -116,6 +116,15 @@ k8s_skip_reason:
       such hosts out of the k8s play and sets C(cpupools_k8s_status) from RV(exports).
   returned: success
   type: str
+code:
+  description:
+    - Where the cpupools code that answered came from. The path of the node's
+      C(cmk.pyz) when that file is the controller's current build byte for byte
+      (its SHA-256 is the one O(build) gives for the zipapp) - the same sources,
+      already compiled - or C(payload), the sources this module was shipped with.
+  returned: success
+  type: str
+  sample: /opt/bin/cmk.pyz
 ansible_facts:
   description: The topology as C(cpupools), as M(cpupools.cpupools.cpupools_facts) returns it.
   returned: success
@@ -123,31 +132,38 @@ ansible_facts:
 """
 
 import grp
+import importlib
+import sys
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.converge import (
-    EXPORTS,
-    STAGES,
-    check_node,
-    k8s_skip_reason,
-    k8s_skipped_status,
-    parse_build,
-    todo,
-)
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.errors import CpupoolsError
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.host_plan import plan_host
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.hugepages import read_hugepages
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.inputs import (
-    check_group,
-    check_root,
-    unknown_variables,
-    validate_inputs,
-)
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.plan import make_request
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.topology import (
-    check_facts_root,
-    gather_topology,
-)
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.nodecode import installed_build, parse_build
+
+#: The modules of the cpupools package this module calls.
+PARTS = ("converge", "errors", "host_plan", "hugepages", "inputs", "plan", "topology")
+
+
+def load(pyz):
+    """The package's modules, from the node's ``cmk.pyz`` (``pyz``, the controller's build) or from the payload.
+
+    Both hold the same sources (module_utils/cpupools/nodecode.py says why and when):
+    the node's copy has them compiled already.
+    """
+    if pyz:
+        sys.path.insert(0, pyz)
+        return {name: importlib.import_module(f"cpupools.{name}") for name in PARTS}
+    # Written out, so that Ansible ships the package in the payload.
+    from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools import (
+        converge,
+        errors,
+        host_plan,
+        hugepages,
+        inputs,
+        plan,
+        topology,
+    )
+
+    return dict(zip(PARTS, (converge, errors, host_plan, hugepages, inputs, plan, topology), strict=True))
+
 
 ARGUMENT_SPEC = {
     "inputs": {"type": "dict", "required": True},
@@ -163,40 +179,44 @@ def main():
     params = module.params
     host = params["host"]
     raw = params["inputs"]
+    build = parse_build(params["build"], params["build_rc"])
+    pyz = installed_build(raw, build)
+    lib = load(pyz)
+    converge, errors, inputs = lib["converge"], lib["errors"], lib["inputs"]
 
     def say(text):
         return f"host {host}: {text}" if host else text
 
-    for warning in unknown_variables(raw):
+    for warning in inputs.unknown_variables(raw):
         module.warn(say(warning))
     # As the cpupools_facts module takes it: an empty value is refused by name, not replaced.
     facts_root = raw["cpupools_facts_root"] if "cpupools_facts_root" in raw else raw.get("cpupools_root", "/")
     facts_root = None if facts_root is None else str(facts_root)
     try:
-        facts_dir = check_facts_root(facts_root)
-        topology = gather_topology(facts_dir)
+        facts_dir = lib["topology"].check_facts_root(facts_root)
+        topology = lib["topology"].gather_topology(facts_dir)
         facts = topology.to_facts()
-        facts.update(read_hugepages(facts_dir))  # as cpupools_facts reports them
-    except CpupoolsError as exc:
+        facts.update(lib["hugepages"].read_hugepages(facts_dir))  # as cpupools_facts reports them
+    except errors.CpupoolsError as exc:
         module.fail_json(msg=say(f"cpupools_facts_root: {facts_root!r}: {exc}"))
     result = {"ansible_facts": {"cpupools": facts}}
     try:
-        checked = validate_inputs(raw, possible_cpus=max([*topology.cpus, *topology.offline]) + 1)
+        checked = inputs.validate_inputs(raw, possible_cpus=max([*topology.cpus, *topology.offline]) + 1)
         values = checked.values
-        check_root(values["root"])
-        check_group(values["task_group"])
-        plan = plan_host(topology, facts, values, make_request(checked.request()))
-        result.update(plan=plan, inputs=values, exports=dict.fromkeys(EXPORTS))
+        inputs.check_root(values["root"])
+        inputs.check_group(values["task_group"])
+        plan = lib["host_plan"].plan_host(topology, facts, values, lib["plan"].make_request(checked.request()))
+        result.update(plan=plan, inputs=values, exports=dict.fromkeys(converge.EXPORTS))
         stages = {}
         if params["compare"] and values["state"] == "present":
             group = values["task_group"]
-            node = check_node(
+            node = converge.check_node(
                 values,
                 plan,
                 host or "",
                 run_command=module.run_command,
                 task_gid=None if not group else int(group) if group.isdigit() else grp.getgrnam(group).gr_gid,
-                build=parse_build(params["build"], params["build_rc"]),
+                build=build,
                 which=lambda name: module.get_bin_path(name, opt_dirs=["/usr/sbin", "/sbin"]),
                 systemctl=lambda argv: module.run_command(["systemctl", *argv])[0],
                 topology=topology,
@@ -205,17 +225,18 @@ def main():
             result.update(stages=stages, files=node["files"], exports=node["exports"])
             for warning in node["warnings"]:
                 module.warn(say(warning))
-    except CpupoolsError as exc:
+    except errors.CpupoolsError as exc:
         module.fail_json(msg=exc.describe(host))
     enabled = params["compare"] and values["converged_check"]
-    pending = todo(stages, enabled, values["state"])
-    result.update(todo=pending, converged=[name for name in STAGES if name not in pending])
-    skip = k8s_skip_reason(values)
+    pending = converge.todo(stages, enabled, values["state"])
+    result.update(todo=pending, converged=[name for name in converge.STAGES if name not in pending])
+    skip = converge.k8s_skip_reason(values)
     result["k8s_skip_reason"] = skip
     if skip and values["state"] == "present":
-        result["exports"]["cpupools_k8s_status"] = k8s_skipped_status(skip)
+        result["exports"]["cpupools_k8s_status"] = converge.k8s_skipped_status(skip)
     for warning in plan["warnings"]:
         module.warn(say(warning))
+    result["code"] = pyz or "payload"
     module.exit_json(changed=False, **result)
 
 

@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 
-from cpupools import converge
+from cpupools import converge, nodecode
 from cpupools.inputs import validate_inputs
 from helpers import REPO
 
@@ -31,20 +31,20 @@ def test_parse_build_reads_the_digests_build_agent_prints(tmp_path):
     out = tmp_path / "cmk"
     argv = [sys.executable, str(REPO / "scripts" / "build_agent.py"), "--check", str(out)]
     fresh = subprocess.run(argv, capture_output=True, text=True, check=True)
-    parsed = converge.parse_build(fresh.stdout)
+    parsed = nodecode.parse_build(fresh.stdout)
     assert parsed["stale"] is True  # nothing built at out yet
     subprocess.run([*argv[:2], str(out)], capture_output=True, check=True)
-    again = converge.parse_build(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
+    again = nodecode.parse_build(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
     assert again == {**parsed, "stale": False}
     assert again["pyz_sha256"] == hashlib.sha256((tmp_path / "cmk.pyz").read_bytes()).hexdigest()
     assert again["launcher_sha256"] == hashlib.sha256(out.read_bytes()).hexdigest()
 
 
 def test_a_failed_or_missing_build_gives_nothing_to_compare_with():
-    assert converge.parse_build(None) is None
-    assert converge.parse_build("", 0) is None
-    assert converge.parse_build("abc  /x/cmk.pyz  unchanged\nabd  /x/cmk  unchanged", rc=2) is None
-    assert converge.parse_build("build_agent.py: --shebang='x' must be an absolute interpreter path") is None
+    assert nodecode.parse_build(None) is None
+    assert nodecode.parse_build("", 0) is None
+    assert nodecode.parse_build("abc  /x/cmk.pyz  unchanged\nabd  /x/cmk  unchanged", rc=2) is None
+    assert nodecode.parse_build("build_agent.py: --shebang='x' must be an absolute interpreter path") is None
 
 
 def test_no_build_means_the_agent_stage_runs(tmp_path):

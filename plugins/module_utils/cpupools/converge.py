@@ -16,7 +16,6 @@ playbooks run every stage whose name is not in a host's converged list.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
 from collections.abc import Callable, Mapping, Sequence
@@ -30,6 +29,7 @@ from .kubelet import HEADER as KUBELET_HEADER
 from .kubelet import Node as KubeletNode
 from .kubelet import configure as configure_kubelet
 from .kubelet import desired_config as kubelet_config
+from .nodecode import sha256_of, under
 from .state_writer import converge as converge_state
 from .topology import Topology
 
@@ -167,10 +167,6 @@ OPTIONAL = {"cpuaffinity": "systemd_cpuaffinity", "irqbalance": "irqbalance_bann
 # Comparisons ---------------------------------------------------------------------------
 
 
-def under(root: str, path: str) -> str:
-    return os.path.join(root, path.lstrip("/"))
-
-
 def file_difference(root: str, wanted: NodeFile) -> str | None:
     """Why the node's copy of ``wanted`` differs (None: identical content, mode and owner)."""
     path = under(root, wanted.path)
@@ -203,14 +199,6 @@ def directory_difference(root: str, path: str, mode: int = 0o755, root_owned: bo
     if not stat.S_ISDIR(info.st_mode):
         return f"{path} is not a directory"
     return mode_difference(path, info, mode, root_owned)
-
-
-def sha256_of(path: str) -> str | None:
-    try:
-        with open(path, "rb") as handle:
-            return hashlib.sha256(handle.read()).hexdigest()
-    except FileNotFoundError:
-        return None
 
 
 #: The files of the cpupools-hugepages unit (roles/cpupools_kernel/vars/main.yml).
@@ -465,22 +453,3 @@ def todo(stages: Mapping[str, Sequence[str]], enabled: bool, state: str, known: 
     if not enabled or state != "present":
         return list(known)
     return [name for name in known if name not in stages or stages[name]]
-
-
-def parse_build(text: str | None, rc: int | None = 0) -> dict | None:
-    """The digests ``scripts/build_agent.py --check`` printed (``<sha256>  <path>  <verdict>`` per file).
-
-    None when the build did not run or failed: the agent stage then always runs
-    (and reports the build's own error).
-    """
-    if not text or rc:
-        return None
-    out: dict = {"stale": False}
-    for line in text.splitlines():
-        parts = line.split("  ")
-        if len(parts) != 3:
-            continue
-        digest, path, verdict = parts
-        out["pyz_sha256" if path.endswith(".pyz") else "launcher_sha256"] = digest
-        out["stale"] = out["stale"] or verdict != "unchanged"
-    return out if "pyz_sha256" in out and "launcher_sha256" in out else None

@@ -30,6 +30,7 @@ from .errors import CpulistError, PlanError
 from .hugepages import parse_entries as to_hugepages
 from .hugepages import parse_size, size_label
 from .kubelet import RUNTIMES, TOPOLOGY_POLICIES, TOPOLOGY_SCOPES, to_policy_options
+from .nodecode import AGENT_PATH
 
 PREFIX = "cpupools_"
 MODES = ("packed", "spread")
@@ -428,7 +429,7 @@ SPEC: dict[str, Var] = {
     "kubelet_simulate_command": _var("kubelet", to_argv, [], "list"),
     # cpupools_agent
     "conf_dir": _var("agent", _path(), "/etc/cmk", "path"),
-    "agent_path": _var("agent", _path(), "/opt/bin/cmk", "path"),
+    "agent_path": _var("agent", _path(), AGENT_PATH, "path"),
     "agent_shebang": _var("agent", _shebang, "/usr/bin/env python3"),
     "reconcile_interval": _var("agent", _int(1, 86400), 60, "int"),
     "task_group": _var("agent", _task_group, ""),
