@@ -27,7 +27,10 @@ permissions, no compression. Each module is stored as source and as an
 unchecked hash-based ``.pyc`` of the building Python, so the node imports
 without compiling; on a node whose python3 has another bytecode version,
 zipimport ignores the ``.pyc`` and compiles the source (slower start, same
-behaviour).
+behaviour). The ``.pyc`` bytes are the same for a fresh interpreter of one
+Python version; run inside a process that has imported other code (an
+Ansible worker), ``marshal`` may write them otherwise, because it depends on
+the reference counts of interned constants: run this script on its own.
 """
 
 from __future__ import annotations
