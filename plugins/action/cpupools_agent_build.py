@@ -15,7 +15,7 @@ import subprocess
 import sys
 
 from ansible.plugins.action import ActionBase
-from ansible_collections.cpupools.cpupools.plugins.modules.cpupools_agent_build import ARGUMENT_SPEC, argv
+from ansible_collections.cpupools.cpupools.plugins.modules.cpupools_agent_build import ARGUMENT_SPEC, argv, outcome
 from ansible_collections.cpupools.cpupools.plugins.plugin_utils.inputs import checked_args
 
 
@@ -37,8 +37,5 @@ class ActionModule(ActionBase):
         if refusal:
             result.update(failed=True, msg=refusal)
             return result
-        rc, out, err = run_script(argv(params))
-        result.update(changed=False, rc=rc, stdout=out, stdout_lines=out.splitlines(), stderr=err)
-        if rc:
-            result.update(failed=True, msg=f"cpupools agent build: {err.strip() or f'exit status {rc}'}")
+        result.update(outcome(*run_script(argv(params))))
         return result

@@ -89,17 +89,24 @@ ARGUMENT_SPEC = {
 
 
 def argv(params):
-    """The script's command line for the validated options (the action passes the same to its main)."""
+    """The script's command line for the validated options, without the interpreter (the action runs the same)."""
     return [params["script"], f"--shebang={params['shebang']}", "--check", params["output"]]
 
 
-def main():
-    # Reached only when the module is run directly: a task runs its action, which calls the script's main in-process.
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    rc, out, err = module.run_command([sys.executable, *argv(module.params)])
+def outcome(rc, out, err):
+    """The result of one run of the script (the action returns the same): a failed build fails, saying why."""
     result = {"changed": False, "rc": rc, "stdout": out, "stdout_lines": out.splitlines(), "stderr": err}
     if rc:
-        module.fail_json(msg=f"cpupools agent build: {err.strip() or f'exit status {rc}'}", **result)
+        result.update(failed=True, msg=f"cpupools agent build: {err.strip() or f'exit status {rc}'}")
+    return result
+
+
+def main():
+    # Reached only when the module is run directly: a task runs its action, which starts the script itself.
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    result = outcome(*module.run_command([sys.executable, *argv(module.params)]))
+    if result.get("failed"):
+        module.fail_json(**result)
     module.exit_json(**result)
 
 

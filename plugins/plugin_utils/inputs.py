@@ -9,6 +9,9 @@ host than a Jinja lookup of every variable name in the task's arguments.
 
 import os
 
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+from ansible.module_utils.errors import UnsupportedError
+
 PREFIX = "cpupools_"
 
 
@@ -52,9 +55,6 @@ def checked_args(args, spec, what):
     For the actions that do their module's work themselves: the same spec, the
     same coercions (``path``, defaults), and one line naming ``what`` the task is.
     """
-    from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
-    from ansible.module_utils.errors import UnsupportedError
-
     checked = ArgumentSpecValidator(spec).validate(args)
     if not checked.error_messages:
         return checked.validated_parameters, None
