@@ -29,7 +29,6 @@ CPUs are reserved.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 
@@ -37,6 +36,7 @@ from .bootloader import Host
 from .cpulist import format_cpulist, parse_cpulist
 from .errors import CpulistError, CpupoolsError, PlanError
 from .kargs import housekeeping_outputs
+from .nodecode import under
 from .topology import Topology
 
 RUNTIMES = ("cmk", "kubelet", "cpu-pooler", "nri-topology-aware", "nri-balloons")
@@ -353,10 +353,6 @@ def wait_for_state(
         sleep(interval)
 
 
-def path_under(root: str, rel: str) -> str:
-    return os.path.join(root, rel.lstrip("/"))
-
-
 # Applying ------------------------------------------------------------------------
 
 
@@ -455,7 +451,7 @@ def verify_started(
         if (parse_record(node.read(node.record_file)) or {}).get("applied") != subset:
             node.host.write(node.record_file, record_text(subset))
         return {"changed": bool(node.host.actions), "actions": list(node.host.actions), **node.paths()}
-    text = wait_for_state(path_under(node.host.root, node.state_file), timeout, **wait)  # type: ignore[arg-type]
+    text = wait_for_state(under(node.host.root, node.state_file), timeout, **wait)  # type: ignore[arg-type]
     if text is None:
         raise KubeletError(
             f"the kubelet did not write /{node.state_file.lstrip('/')} within {timeout:g} seconds of its start. "
