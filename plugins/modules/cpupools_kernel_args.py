@@ -65,10 +65,12 @@ options:
     type: str
     default: 99-cpupools
   isolcpus_flags:
-    description: Flags written in front of the isolcpus cpulist (C(nohz), C(domain), C(managed_irq)).
-    type: list
-    elements: str
-    default: [managed_irq, domain]
+    description:
+      - Flags written in front of the isolcpus cpulist, a list of C(nohz), C(domain), C(managed_irq).
+      - C(auto) takes the plan's runtime's flags, C([managed_irq, domain]), or C([managed_irq]) for the
+        C(kubelet) runtime (its isolated CPUs also run the pods it has not handed CPUs to).
+    type: raw
+    default: auto
   keep_adopted:
     description: >-
       In adopt mode, keep the running kernel's isolcpus (with its flags) and other owned arguments, so a
@@ -254,7 +256,7 @@ ARGUMENT_SPEC = {
     "facts_root": {"type": "path"},
     "host": {"type": "str"},
     "name": {"type": "str", "default": "99-cpupools"},
-    "isolcpus_flags": {"type": "list", "elements": "str", "default": list(kargs.DEFAULT_ISOLCPUS_FLAGS)},
+    "isolcpus_flags": {"type": "raw", "default": "auto"},
     "keep_adopted": {"type": "bool", "default": True},
     "nohz_full": {"type": "bool", "default": True},
     "rcu_nocbs": {"type": "bool", "default": True},

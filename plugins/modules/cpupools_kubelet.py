@@ -93,10 +93,17 @@ options:
     choices: [container, pod]
     default: container
   isolcpus_flags:
-    description: The C(isolcpus) flags of the kernel stage (the C(domain) flag on CPUs the kubelet manages is refused).
-    type: list
-    elements: str
-    default: [managed_irq, domain]
+    description:
+      - The C(isolcpus) flags of the kernel stage (the C(domain) flag on CPUs the kubelet manages is refused).
+      - C(auto) is C([managed_irq]) for the kubelet runtime.
+    type: raw
+    default: auto
+  kubelet_version:
+    description:
+      - The kubelet's version (C(1.34)), for the policy options it has; C(auto) takes the one the plan play
+        asked of the node's kubelet (C(plan.kubelet.version)).
+    type: str
+    default: auto
   content:
     description:
       - With O(action=apply), the drop-in's text (RV(content) of O(action=configure)); null removes it.
@@ -195,7 +202,8 @@ ARGUMENT_SPEC = {
     "policy_options": {"type": "raw", "default": "auto"},
     "topology_policy": {"type": "str", "choices": list(kubelet.TOPOLOGY_POLICIES), "default": "best-effort"},
     "topology_scope": {"type": "str", "choices": list(kubelet.TOPOLOGY_SCOPES), "default": "container"},
-    "isolcpus_flags": {"type": "list", "elements": "str", "default": ["managed_irq", "domain"]},
+    "isolcpus_flags": {"type": "raw", "default": "auto"},
+    "kubelet_version": {"type": "str", "default": "auto"},
     "content": {"type": "str"},
     "config": {"type": "dict"},
     "timeout": {"type": "int", "default": 120},

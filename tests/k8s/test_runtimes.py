@@ -79,6 +79,8 @@ def test_pooler_file_gives_each_container_exactly_the_plans_cores(corpus_root, s
 def topo_cpus(plan, pool):
     from cpupools.cpulist import parse_cpulist
 
+    if pool == "reserved":
+        return parse_cpulist(plan["reserved_cpus"])
     return parse_cpulist(plan["pool_cpus"][pool], pool)
 
 
@@ -102,16 +104,56 @@ def test_nri_objects_pass_the_crd_schema_and_the_policy_rules(corpus_root, shape
     assert nri_errors(obj) == []
     assert obj["metadata"]["name"] == f"group.{want['group']}" and want["label"] == NRI_GROUP_LABEL
     spec = obj["spec"]
-    assert spec["reservedResources"]["cpu"] == "cpuset:" + plan["pool_cpus"]["infra"]
+    # Reserved is the housekeeping cores of every NUMA node, not the cores no pool took: those stay the
+    # policy's to share.
+    assert spec["reservedResources"]["cpu"] == "cpuset:" + plan["reserved_cpus"]
+    assert {topo.cpus[c].node for c in topo_cpus(plan, "reserved")} == set(topo.numa_nodes)
+    assert set(topo_cpus(plan, "reserved")) <= set(topo_cpus(plan, "infra"))
     assert spec["availableResources"]["cpu"] == "cpuset:" + topo_online(topo)
     if runtime == "nri-balloons":
         types = {t["name"]: t for t in spec["balloonTypes"]}
         assert set(types) == {"exclusive", "shared"}
         assert types["exclusive"]["maxCPUs"] == plan["cpu_counts"]["exclusive"]
+        # at most one balloon per exclusive core: the type cannot grow past the pool in balloons either
+        assert types["exclusive"]["maxBalloons"] == plan["counts"]["exclusive"]
         assert types["exclusive"]["preferIsolCpus"] is True and types["exclusive"]["preferNewBalloons"] is True
         assert types["shared"]["minCPUs"] == types["shared"]["maxCPUs"] == plan["cpu_counts"]["shared"]
     else:
         assert spec["preferIsolatedCPUs"] is True
+
+
+def test_balloons_on_a_hybrid_prefer_each_pools_core_type(corpus_root):
+    # 1s6p8e-hybrid: P cores 0-11 (siblings adjacent), E cores 12-19 in two 4-core L2 modules, one L3.
+    # Housekeeping: the core of CPU 0 (CPUs 0-1). Shared takes E cores, from one module: 12, 13.
+    # Exclusive takes P cores only, the first free ones: CPUs 2-5.
+    plan, _ = plan_and_topology(corpus_root, "1s6p8e-hybrid", num_exclusive_cores=2, num_shared_cores=2)
+    assert (plan["pool_cpus"]["exclusive"], plan["pool_cpus"]["shared"]) == ("2-5", "12-13")
+    spec = render(plan, "nri-balloons")["object"]["spec"]
+    assert spec["reservedResources"] == {"cpu": "cpuset:0-1"}
+    types = {t["name"]: t for t in spec["balloonTypes"]}
+    assert types["exclusive"] == {
+        "name": "exclusive",
+        "maxBalloons": 2,
+        "maxCPUs": 4,
+        "preferNewBalloons": True,
+        "preferIsolCpus": True,
+        "allocatorPriority": "high",
+        "preferCoreType": "performance",
+    }
+    assert types["shared"]["preferCoreType"] == "efficient"
+    assert (types["shared"]["minCPUs"], types["shared"]["maxCPUs"]) == (2, 2)
+
+
+def test_topology_aware_reserves_housekeeping_not_the_leftovers(corpus_root):
+    # The issue's node: 2 x EPYC 96 cores in NPS4, 16 exclusive + 4 shared cores. Reserved is the first
+    # core of each of the 8 NUMA nodes (16 CPUs); the 348 cores' CPUs no pool took stay the policy's.
+    plan, _ = plan_and_topology(
+        corpus_root, "2s96c-smt2-nps4", num_exclusive_cores=16, num_shared_cores=4, isolated_pools=["exclusive"]
+    )
+    spec = render(plan, "nri-topology-aware")["object"]["spec"]
+    firsts = [0, 24, 48, 72, 96, 120, 144, 168]
+    assert spec["reservedResources"]["cpu"] == "cpuset:" + ",".join(map(str, firsts + [c + 192 for c in firsts]))
+    assert len(topo_cpus(plan, "infra")) == 384 - 32 - 8
 
 
 def topo_online(topo):

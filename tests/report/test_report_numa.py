@@ -93,11 +93,12 @@ def test_l3_table_lists_every_domain_with_its_node_and_pools(nps4):
     ]
     view = analyse_host(nps4)
     pool_cpus = nps4["plan"]["pool_cpus"]
-    # The fixture's plan, packed: node 0 (cores 0-15, L3 0 = 0-7, L3 1 = 8-15) after infra core 0
-    # has 15 cores; the 12 exclusive ones take L3 1 whole and 4 of L3 0 (as few domains as
-    # possible, the partly used one filled first): 1-4, 8-15. Shared takes node 0's last 5-7,
-    # then core 16 of node 1 (L3 2).
-    assert pool_cpus["exclusive"] == "1-4,8-15,65-68,72-79"
+    # The fixture's plan, packed: node 0 (cores 0-15, L3 0 = 0-7, L3 1 = 8-15) after its
+    # housekeeping core 0 has 15 cores for 12 exclusive and 3 shared ones. Shared goes beside
+    # housekeeping in L3 0 (1-3); exclusive takes the clean L3 1 whole, then the rest of L3 0
+    # (4-7). The 4th shared core is node 1's, beside its housekeeping core 16 in L3 2: core 17.
+    assert pool_cpus["exclusive"] == "4-15,68-79"
+    assert pool_cpus["shared"] == "1-3,17,65-67,81"
     assert view.l3[0].pools == "exclusive 4, shared 3, infra 1"
     assert view.l3[1].pools == "exclusive 8"
     assert view.l3[2].pools == "shared 1, infra 7"

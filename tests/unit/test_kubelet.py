@@ -6,38 +6,35 @@ import json
 
 import pytest
 from cpupools import kubelet
+from cpupools.cpulist import parse_cpulist
 from cpupools.errors import PlanError
 from cpupools.inputs import validate_inputs
 from cpupools.plan import make_request, plan_pools
 from cpupools.topology import gather_topology
 from sysfs import CORPUS, write_tree
 
-SETTINGS = {"isolcpus_flags": ["managed_irq"], "kubelet_policy_options": "auto"}
+SETTINGS = {"isolcpus_flags": "auto", "kubelet_policy_options": "auto"}
 
 
 @pytest.fixture(scope="module")
 def corpus_root(tmp_path_factory):
-    """Only the small shapes these tests use (the whole corpus takes a minute to write)."""
+    """Only the shapes these tests use (the whole corpus takes a minute to write)."""
     base = tmp_path_factory.mktemp("kubelet-corpus")
-    return {name: write_tree(str(base / name), CORPUS[name]) for name in ("1s8c-smt2", "2s8c-2numa", "2s8c-nosmt")}
+    names = ("1s8c-smt2", "2s8c-2numa", "2s8c-nosmt", "2s96c-smt2-nps4", "1s6p8e-hybrid", "2s48c-smt2-snc4")
+    return {name: write_tree(str(base / name), CORPUS[name]) for name in names}
 
 
 def derive(corpus_root, name, settings=None, **request):
     topology = gather_topology(str(corpus_root[name]))
-    raw = {"num_exclusive_cores": -1, "num_shared_cores": 0}
+    raw = {"num_exclusive_cores": -1, "num_shared_cores": 0, "runtime": "kubelet"}
     raw.update(request)
     plan = plan_pools(topology, make_request(raw))
-    return plan, kubelet.derive_config(
-        plan,
-        threads_per_core=topology.threads_per_core,
-        numa_nodes=len(topology.numa_nodes),
-        siblings={cpu: topology.cpus[cpu].siblings for cpu in topology.cpus},
-        settings={**SETTINGS, **(settings or {})},
-    )
+    return plan, kubelet.derive_config(plan, kubelet.node_shape(topology, plan), {**SETTINGS, **(settings or {})})
 
 
 def test_one_socket_with_smt(corpus_root):
-    # 1s8c-smt2: CPU n and n+8 share a core; infra = core 0 -> CPUs 0 and 8.
+    # 1s8c-smt2: CPU n and n+8 share a core; 16 threads keep one housekeeping core: CPUs 0 and 8.
+    # No kubelet on this machine to ask: the options are those of kubelet 1.33.
     _, config = derive(corpus_root, "1s8c-smt2")
     assert config == {
         "cpuManagerPolicy": "static",
@@ -48,22 +45,27 @@ def test_one_socket_with_smt(corpus_root):
     }
 
 
-def test_cores_in_no_pool_are_reserved_with_the_infra_pool(corpus_root):
-    # The plan puts cores no pool takes into the infra pool: 4 exclusive cores of 8 leave 3 there.
-    plan, config = derive(corpus_root, "1s8c-smt2", num_exclusive_cores=4)
-    assert plan["pool_cpus"]["infra"] == "0,5-8,13-15"
-    assert config["reservedSystemCPUs"] == "0,5-8,13-15"
+def test_cores_no_pool_takes_are_the_kubelets_not_reserved(corpus_root):
+    # 4 exclusive cores of 8 asked: the kubelet still gets the other 3 (it hands out and shares every
+    # CPU it does not reserve), all isolated; only the housekeeping core is reserved.
+    plan, config = derive(corpus_root, "1s8c-smt2", num_exclusive_cores=4, num_shared_cores=1)
+    assert plan["pool_cpus"] == {"exclusive": "1-7,9-15", "shared": "", "infra": "0,8"}
+    assert plan["isolated_cpus"] == "1-7,9-15"
+    assert config["reservedSystemCPUs"] == "0,8"
+    assert plan["allocatable_cpus"] == 14
+    assert "cpupools_num_shared_cores (1) makes no pool of its own" in plan["notes"][0]
 
 
-def test_two_numa_nodes_per_socket_distribute(corpus_root):
-    # 2s8c-2numa: four NUMA nodes; infra is the first core of each socket: CPUs 0,8 (+16 siblings 16,24).
+def test_two_numa_nodes_per_socket_keep_housekeeping_each(corpus_root):
+    # 2s8c-2numa: nodes of 4 cores (0-3, 4-7, 8-11, 12-15), CPU n+16 the sibling of n, no L3
+    # information: one housekeeping core per NUMA node, cores 0, 4, 8 and 12.
     _, config = derive(corpus_root, "2s8c-2numa")
     assert config["cpuManagerPolicyOptions"] == {
         "full-pcpus-only": "true",
         "strict-cpu-reservation": "true",
         "distribute-cpus-across-numa": "true",
     }
-    assert config["reservedSystemCPUs"] == "0,8,16,24"
+    assert config["reservedSystemCPUs"] == "0,4,8,12,16,20,24,28"
 
 
 def test_no_smt_no_full_pcpus(corpus_root):
@@ -74,6 +76,56 @@ def test_no_smt_no_full_pcpus(corpus_root):
         "distribute-cpus-across-numa": "true",
     }
     assert config["reservedSystemCPUs"] == "0,8"
+
+
+def test_epyc_nps4_reserves_housekeeping_only_and_aligns_by_ccd(corpus_root):
+    # 2 x 96 cores, SMT2 (CPU n+192), NPS4: NUMA nodes of 24 cores (48 threads: one housekeeping
+    # core each), three 8-core CCDs per node. The issue's node: 16 exclusive + 4 shared cores asked.
+    plan, config = derive(
+        corpus_root, "2s96c-smt2-nps4", {"kubelet_version": "1.36"}, num_exclusive_cores=16, num_shared_cores=4
+    )
+    firsts = [0, 24, 48, 72, 96, 120, 144, 168]
+    assert config["reservedSystemCPUs"] == ",".join(map(str, firsts + [c + 192 for c in firsts]))
+    assert plan["allocatable_cpus"] == 384 - 16
+    # Several L3 domains per NUMA node: a pod's CPUs in one CCD, which the kubelet refuses to combine
+    # with distribute-cpus-across-numa.
+    assert config["cpuManagerPolicyOptions"] == {
+        "full-pcpus-only": "true",
+        "strict-cpu-reservation": "true",
+        "prefer-align-cpus-by-uncorecache": "true",
+    }
+    # A 1.33 kubelet has that option only as alpha: auto keeps to what it has on by default.
+    _, older = derive(corpus_root, "2s96c-smt2-nps4", {"kubelet_version": "1.33"})
+    assert older["cpuManagerPolicyOptions"] == {
+        "full-pcpus-only": "true",
+        "strict-cpu-reservation": "true",
+        "distribute-cpus-across-numa": "true",
+    }
+
+
+def test_sub_numa_clustering_one_l3_over_the_socket_distributes_across_numa(corpus_root):
+    # SNC4: one L3 per socket, four NUMA nodes of 12 cores (24 threads: one housekeeping core each).
+    plan, config = derive(corpus_root, "2s48c-smt2-snc4", {"kubelet_version": "1.36"})
+    assert "distribute-cpus-across-numa" in config["cpuManagerPolicyOptions"]
+    assert "prefer-align-cpus-by-uncorecache" not in config["cpuManagerPolicyOptions"]
+    assert len(parse_cpulist(config["reservedSystemCPUs"])) == 16
+    assert {n: row["reserved"] for n, row in plan["numa"].items()}["5"] == "60,156"
+
+
+def test_hybrid_reserves_the_e_cores_and_leaves_strict_reservation_off(corpus_root):
+    # 6 P cores (CPUs 0-11, siblings adjacent) and 8 E cores (12-19): the kubelet cannot keep pods off E
+    # cores, so they are reserved with the housekeeping core 0-1; Burstable pods may still run on them,
+    # so strict-cpu-reservation stays off.
+    plan, config = derive(corpus_root, "1s6p8e-hybrid", {"kubelet_version": "1.36"})
+    assert config["reservedSystemCPUs"] == "0-1,12-19"
+    assert plan["isolated_cpus"] == "2-11"
+    assert config["cpuManagerPolicyOptions"] == {"full-pcpus-only": "true"}
+    assert any("cannot tell P cores from E cores" in n for n in plan["notes"])
+    assert any("20 CPUs / 14 cores" in n for n in plan["notes"])
+    # Asked to, the kubelet gets them.
+    plan, config = derive(corpus_root, "1s6p8e-hybrid", {"kubelet_version": "1.36"}, exclusive_core_type="any")
+    assert config["reservedSystemCPUs"] == "0-1"
+    assert "strict-cpu-reservation" in config["cpuManagerPolicyOptions"]
 
 
 def test_operator_options_and_topology_knobs(corpus_root):
@@ -90,13 +142,63 @@ def test_operator_options_and_topology_knobs(corpus_root):
     assert (config["topologyManagerPolicy"], config["topologyManagerScope"]) == ("single-numa-node", "pod")
 
 
+def test_an_alpha_option_turns_its_feature_gate_on(corpus_root):
+    _, config = derive(
+        corpus_root,
+        "2s8c-nosmt",
+        {"kubelet_version": "1.36", "kubelet_policy_options": ["distribute-cpus-across-cores", "align-by-socket"]},
+    )
+    assert config["cpuManagerPolicyOptions"] == {"align-by-socket": "true", "distribute-cpus-across-cores": "true"}
+    assert config["featureGates"] == {"CPUManagerPolicyAlphaOptions": True}
+    text = kubelet.render_dropin(config, "kubelet")
+    assert "featureGates:\n  CPUManagerPolicyAlphaOptions: true\n" in text
+    # GA and beta options need no gate.
+    _, config = derive(corpus_root, "2s8c-nosmt", {"kubelet_version": "1.36"})
+    assert "featureGates" not in config
+
+
+@pytest.mark.parametrize(
+    ("settings", "words"),
+    [
+        (
+            {"kubelet_version": "1.30", "kubelet_policy_options": ["distribute-cpus-across-cores"]},
+            "distribute-cpus-across-cores needs kubelet 1.31 or later, and this node's kubelet is 1.30",
+        ),
+        (
+            {"kubelet_policy_options": ["prefer-align-cpus-by-uncorecache"], "kubelet_version": "auto"},
+            "needs kubelet 1.32 or later, and this node's kubelet is 1.33 (assumed",
+        ),
+        (
+            {"kubelet_policy_options": ["align-by-socket"], "kubelet_topology_policy": "single-numa-node"},
+            "align-by-socket cannot be used with the Topology Manager policy single-numa-node",
+        ),
+    ],
+)
+def test_options_the_kubelet_would_refuse_to_start_with(corpus_root, settings, words):
+    if "assumed" in words:  # 1.33 has the option (alpha): allowed, with its gate
+        _, config = derive(corpus_root, "1s8c-smt2", settings)
+        assert config["featureGates"] == {"CPUManagerPolicyAlphaOptions": True}
+        return
+    with pytest.raises(PlanError) as err:
+        derive(corpus_root, "1s8c-smt2", settings)
+    assert err.value.field == "kubelet_policy_options"
+    assert words in str(err.value)
+
+
+def test_align_by_socket_needs_a_numa_node_per_socket():
+    shape = kubelet.NodeShape(sockets=2, numa_nodes=1)
+    with pytest.raises(PlanError, match="2 sockets and 1 NUMA node"):
+        kubelet.check_options({"align-by-socket": "true"}, (1, 36), True, shape, "best-effort")
+
+
 @pytest.mark.parametrize(
     ("settings", "request_", "field", "words"),
     [
         ({"isolcpus_flags": ["managed_irq", "domain"]}, {}, "isolcpus_flags", "domain flag would take CPUs 1-7,9-15"),
         ({"isolcpus_flags": []}, {}, "isolcpus_flags", "domain flag"),
-        ({}, {"num_exclusive_cores": 0, "num_shared_cores": 2}, "num_exclusive_cores", "no exclusive CPU"),
         ({}, {"excl_non_isolcpus": "7,15"}, "excl_non_isolcpus", "CPUs 7,15 are an exclusive-non-isolcpus pool"),
+        ({}, {"num_exclusive_cores": 8}, "num_exclusive_cores", "the kubelet can hand out 7 cores"),
+        ({}, {"infra_cores": 8}, "num_exclusive_cores", "the kubelet can hand out 0 cores"),
     ],
 )
 def test_refusals_name_the_variable_and_the_cpus(corpus_root, settings, request_, field, words):
@@ -112,10 +214,8 @@ def test_full_pcpus_only_refuses_a_reserved_set_that_splits_a_core():
     with pytest.raises(PlanError, match="CPU 0 shares its core") as err:
         kubelet.derive_config(
             plan,
-            threads_per_core=2,
-            numa_nodes=1,
-            siblings={0: (0, 4), 4: (0, 4)},
-            settings={**SETTINGS, "kubelet_policy_options": ["full-pcpus-only"]},
+            kubelet.NodeShape(threads_per_core=2, siblings={0: (0, 4), 4: (0, 4)}),
+            {**SETTINGS, "kubelet_policy_options": ["full-pcpus-only"]},
         )
     assert err.value.field == "kubelet_policy_options"
 
@@ -123,7 +223,7 @@ def test_full_pcpus_only_refuses_a_reserved_set_that_splits_a_core():
 def test_reserved_cpus_that_are_isolated_are_refused():
     plan = {"pool_cpus": {"infra": "0-1", "exclusive": "2-3"}, "isolated_cpus": "1-3"}
     with pytest.raises(PlanError, match="would include isolated CPUs 1"):
-        kubelet.derive_config(plan, threads_per_core=1, numa_nodes=1, siblings={}, settings=SETTINGS)
+        kubelet.derive_config(plan, kubelet.NodeShape(siblings={}), SETTINGS)
 
 
 @pytest.mark.parametrize(
@@ -135,6 +235,7 @@ def test_reserved_cpus_that_are_isolated_are_refused():
         ("", []),
         ([], []),
         (["distribute-cpus-across-numa", "distribute-cpus-across-numa"], ["distribute-cpus-across-numa"]),
+        ("align-by-socket", ["align-by-socket"]),
     ],
 )
 def test_policy_options_from_yaml_and_from_e_text(raw, expected):
@@ -143,14 +244,32 @@ def test_policy_options_from_yaml_and_from_e_text(raw, expected):
 
 def test_policy_options_refusals_through_the_one_input_check():
     with pytest.raises(PlanError) as err:
-        validate_inputs({"cpupools_kubelet_policy_options": "full-pcpus-only,align-by-socket"})
+        validate_inputs({"cpupools_kubelet_policy_options": "full-pcpus-only,align-by-cache"})
     assert err.value.describe("node-1") == (
-        "host node-1: cpupools_kubelet_policy_options: 'align-by-socket' is not auto or one of "
-        "full-pcpus-only, strict-cpu-reservation, distribute-cpus-across-numa"
+        "host node-1: cpupools_kubelet_policy_options: 'align-by-cache' is not auto or one of "
+        "full-pcpus-only, strict-cpu-reservation, prefer-align-cpus-by-uncorecache, distribute-cpus-across-numa, "
+        "align-by-socket, distribute-cpus-across-cores"
+    )
+    with pytest.raises(PlanError) as err:
+        validate_inputs(
+            {"cpupools_kubelet_policy_options": "prefer-align-cpus-by-uncorecache,distribute-cpus-across-numa"}
+        )
+    assert str(err.value) == (
+        "prefer-align-cpus-by-uncorecache and distribute-cpus-across-numa cannot be used together "
+        "(the kubelet refuses to start with both)"
     )
     with pytest.raises(PlanError, match="'crio' is not one of cmk, kubelet"):
         validate_inputs({"cpupools_runtime": "crio"})
     assert validate_inputs({"cpupools_runtime": " Kubelet"}).values["runtime"] == "kubelet"
+    assert validate_inputs({"cpupools_kubelet_version": "v1.34.2"}).values["kubelet_version"] == "1.34"
+    with pytest.raises(PlanError, match=r"'2\.1' is neither auto nor a Kubernetes version"):
+        validate_inputs({"cpupools_kubelet_version": "2.1"})
+
+
+def test_the_kubelet_version_is_asked_of_the_node():
+    assert kubelet.detect_version(lambda argv: "Kubernetes v1.36.2\n") == "1.36"
+    assert kubelet.detect_version(lambda argv: None) is None
+    assert kubelet.detect_version(lambda argv: "garbage") is None
 
 
 def test_the_drop_in_is_the_same_bytes_for_the_same_config(corpus_root):
@@ -167,7 +286,7 @@ def test_the_drop_in_is_the_same_bytes_for_the_same_config(corpus_root):
         '  full-pcpus-only: "true"\n'
         '  strict-cpu-reservation: "true"\n'
         '  distribute-cpus-across-numa: "true"\n'
-        'reservedSystemCPUs: "0,8,16,24"\n'
+        'reservedSystemCPUs: "0,4,8,12,16,20,24,28"\n'
         'topologyManagerPolicy: "best-effort"\n'
         'topologyManagerScope: "container"\n'
     )

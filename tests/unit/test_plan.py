@@ -181,7 +181,12 @@ def test_adopt_needs_isolcpus(corpus_root):
         ({"num_exclusive_cores": -1, "num_shared_cores": -1}, "num_exclusive_cores", "both -1"),
         ({"exclusive_mode": "vertical"}, "exclusive_mode", "'vertical' is not one of packed, spread"),
         ({"isolcpus_source": "guess"}, "isolcpus_source", "'guess' is not one of generate, adopt"),
-        ({"infra_cores": 0}, "infra_cores", "0 infra cores per socket"),
+        ({"infra_cores": 0}, "infra_cores", "0 infra cores per NUMA node"),
+        ({"infra_cores": {"x": 1}}, "infra_cores", "'x' is not a NUMA node number"),
+        ({"infra_cores": "0=-1"}, "infra_cores", "-1 is below 0"),
+        ({"infra_cores": {}}, "infra_cores", "the mapping of NUMA node to infra cores is empty"),
+        ({"exclusive_core_type": "efficient"}, "exclusive_core_type", "'efficient' is not one of performance, any"),
+        ({"runtime": "docker"}, "runtime", "'docker' is not one of cmk, kubelet"),
         ({"excl_non_isolcpus": "1-"}, "excl_non_isolcpus", "malformed excl_non_isolcpus"),
         ({"isolated_pools": ["infra"]}, "isolated_pools", "'infra' is not one of exclusive, shared"),
         ({"sst_bf": "maybe"}, "sst_bf", "'maybe' is not one of auto, true, false"),
@@ -198,7 +203,7 @@ def test_too_many_cores_names_the_numbers(corpus_root):
         plan_for(corpus_root["2s22c-smt2"], num_exclusive_cores=41, num_shared_cores=2)
     assert exc.value.describe("node3") == (
         "host node3: cpupools_num_exclusive_cores: 41 exclusive cores + 2 shared cores requested, "
-        "42 available after 1 infra core per socket"
+        "42 available after 1 infra core per NUMA node (auto)"
     )
 
 

@@ -25,8 +25,9 @@ def plan_for(root, **raw):
 #   node 1 = cores 16-31 (L3 2 = cores 16-23, L3 3 = cores 24-31)
 #   node 2 = cores 32-47 (L3 4 = cores 32-39, L3 5 = cores 40-47)
 #   node 3 = cores 48-63 (L3 6 = cores 48-55, L3 7 = cores 56-63)
-# Default infra: the first core of each socket, cores 0 and 32, so L3 0 and
-# L3 4 have 7 free cores, every other domain 8.
+# Housekeeping (infra_cores: auto): every NUMA node has 32 threads, so one
+# core each, its first: cores 0, 16, 32 and 48. L3 0, 2, 4 and 6 hold
+# housekeeping ("dirty"); L3 1, 3, 5 and 7 are clean.
 
 
 def test_spread_alternates_sockets_then_nodes(corpus_root):
@@ -39,68 +40,70 @@ def test_spread_alternates_sockets_then_nodes(corpus_root):
     )
     # Sockets alternate (s0, s1, s0, s1, ...) and each socket alternates its
     # nodes, so the nodes come n0, n2, n1, n3, n0, n2, n1, n3: two cores each.
-    # Two cores fit in one L3 on every node; best fit takes the smallest
-    # domain that holds them: L3 0 (7 free) on node 0 -> cores 1, 2; node 1
-    # has two 8-core domains, the first wins -> 16, 17; node 2 -> L3 4
-    # (7 free) -> 33, 34; node 3 -> 48, 49.
+    # On each node the two go to its clean L3: 8, 9 (L3 1); 24, 25 (L3 3);
+    # 40, 41 (L3 5); 56, 57 (L3 7).
     assert plan["handout_order"]["exclusive"] == [
-        "1,65",
-        "33,97",
-        "16,80",
-        "48,112",
-        "2,66",
-        "34,98",
-        "17,81",
-        "49,113",
+        "8,72",
+        "40,104",
+        "24,88",
+        "56,120",
+        "9,73",
+        "41,105",
+        "25,89",
+        "57,121",
     ]
     assert plan["pools"]["exclusive"] == {
-        "0": ["1,65", "16,80", "2,66", "17,81"],
-        "1": ["33,97", "48,112", "34,98", "49,113"],
+        "0": ["8,72", "24,88", "9,73", "25,89"],
+        "1": ["40,104", "56,120", "41,105", "57,121"],
     }
-    # Shared spread starts its own balance: s0 n0, then s1 n2. One core fits
-    # the smallest domain with room: L3 0 (cores 3-7) -> 3; L3 4 -> 35.
-    assert plan["pools"]["shared"] == {"0": ["3,67"], "1": ["35,99"]}
-    assert plan["isolated_cpus"] == "1-3,16-17,33-35,48-49,65-67,80-81,97-99,112-113"
+    # Shared spread starts its own balance: s0 n0, then s1 n2; each goes where
+    # housekeeping already is: L3 0 -> core 1; L3 4 -> core 33.
+    assert plan["pools"]["shared"] == {"0": ["1,65"], "1": ["33,97"]}
+    assert plan["isolated_cpus"] == "1,8-9,24-25,33,40-41,56-57,65,72-73,88-89,97,104-105,120-121"
+    assert plan["reserved_cpus"] == "0,16,32,48,64,80,96,112"
 
 
-def test_packed_keeps_a_pool_inside_one_l3(corpus_root):
+def test_packed_keeps_exclusive_in_a_clean_l3(corpus_root):
     plan = plan_for(corpus_root["2s32c-smt2-nps2"], num_exclusive_cores=8, num_shared_cores=4)
-    # Packed fills node 0 first (15 free cores). 8 cores fit in one domain
-    # only in L3 1 (8 free; L3 0 has 7): cores 8-15, not cores 1-8 which
-    # would split two domains.
+    # Packed fills node 0 first (15 free cores): 8 exclusive and 4 shared.
+    # Shared goes to L3 0 beside housekeeping (cores 1-4); exclusive takes the
+    # clean L3 1 whole (cores 8-15).
     assert plan["handout_order"]["exclusive"] == [f"{c},{c + 64}" for c in range(8, 16)]
-    # Shared then fits in L3 0, whose 7 free cores hold 4: cores 1-4.
     assert plan["pools"]["shared"] == {"0": ["1,2,3,4,65,66,67,68"], "1": []}
 
 
-def test_packed_small_pool_first_fills_the_partly_used_domain(corpus_root):
+def test_a_shared_pool_larger_than_the_dirty_l3_spills_into_the_fewest_clean_ones(corpus_root):
     plan = plan_for(corpus_root["2s32c-smt2-nps2"], num_exclusive_cores=4, num_shared_cores=8)
-    # 4 exclusive cores: the smallest domain that holds them is L3 0 (7 free)
-    # -> cores 1-4, leaving L3 1 whole. 8 shared cores: L3 0 has 3 left, so
-    # only L3 1 holds 8 -> cores 8-15 (cores 5-12 would split L3 1).
-    assert plan["pool_cpus"]["exclusive"] == "1-4,65-68"
-    assert plan["pool_cpus"]["shared"] == "8-15,72-79"
+    # Node 0 has 4 exclusive and 8 shared of its 15 free cores. Shared fills
+    # L3 0 beside housekeeping (cores 1-7) and needs one more: core 8 of L3 1.
+    # No clean L3 is left on node 0, so exclusive takes the next cores of L3 1
+    # (9-12); the 12 cores cannot fit in two L3 domains of 7 and 8 with
+    # exclusive alone in one.
+    assert plan["pool_cpus"]["shared"] == "1-8,65-72"
+    assert plan["pool_cpus"]["exclusive"] == "9-12,73-76"
 
 
 def test_packed_pool_larger_than_a_node(corpus_root):
     plan = plan_for(corpus_root["2s32c-smt2-nps2"], num_exclusive_cores=20, num_shared_cores=0)
     # Node 0 gives all of its 15 free cores (1-15); the other 5 come from
-    # node 1, from one domain: L3 2 and L3 3 both have 8, the first wins
-    # -> cores 16-20.
-    assert plan["pool_cpus"]["exclusive"] == "1-20,65-84"
+    # node 1's clean L3 3 (cores 24-28), not from L3 2 beside housekeeping.
+    assert plan["pool_cpus"]["exclusive"] == "1-15,24-28,65-79,88-92"
 
 
 def test_sub_numa_clustering_spread_uses_every_node(corpus_root):
     # 2s24c-smt2-snc2: node 0 = cores 0-11, node 1 = 12-23, node 2 = 24-35,
-    # node 3 = 36-47; one L3 per socket. Infra: cores 0 and 24.
+    # node 3 = 36-47; one L3 per socket. Housekeeping: one core per node
+    # (24 threads each): 0, 12, 24, 36.
     plan = plan_for(corpus_root["2s24c-smt2-snc2"], num_exclusive_cores=4, exclusive_mode="spread")
-    # s0 n0 (core 1), s1 n2 (core 25), s0 n1 (core 12), s1 n3 (core 36).
+    # s0 n0 (core 1), s1 n2 (core 25), s0 n1 (core 13), s1 n3 (core 37).
     # Socket-only spread gave 1, 25, 2, 26: both of a socket's cores on one node.
-    assert plan["handout_order"]["exclusive"] == ["1,49", "25,73", "12,60", "36,84"]
+    assert plan["handout_order"]["exclusive"] == ["1,49", "25,73", "13,61", "37,85"]
+    assert plan["reserved_cpus"] == "0,12,24,36,48,60,72,84"
 
 
 def test_nps4_one_l3_per_node(corpus_root):
-    # 1s32c-nps4-noid: no SMT, nodes 0-3 of 8 cores each, one L3 per node. Infra: core 0.
+    # 1s32c-nps4-noid: no SMT, nodes 0-3 of 8 cores each, one L3 per node.
+    # Housekeeping: the first core of each node, 0, 8, 16, 24.
     plan = plan_for(
         corpus_root["1s32c-nps4-noid"],
         num_exclusive_cores=6,
@@ -108,10 +111,10 @@ def test_nps4_one_l3_per_node(corpus_root):
         num_shared_cores=3,
         shared_mode="spread",
     )
-    # One socket, so only nodes alternate: n0 n1 n2 n3 n0 n1 -> 1, 8, 16, 24, 2, 9.
-    assert plan["handout_order"]["exclusive"] == ["1", "8", "16", "24", "2", "9"]
-    # Shared starts over at n0: next free cores 3 (n0), 10 (n1), 17 (n2).
-    assert plan["pools"]["shared"] == {"0": ["3,10,17"]}
+    # One socket, so only nodes alternate: n0 n1 n2 n3 n0 n1 -> 1, 9, 17, 25, 2, 10.
+    assert plan["handout_order"]["exclusive"] == ["1", "9", "17", "25", "2", "10"]
+    # Shared starts over at n0: next free cores 3 (n0), 11 (n1), 18 (n2).
+    assert plan["pools"]["shared"] == {"0": ["3,11,18"]}
 
 
 @pytest.mark.parametrize(
@@ -207,9 +210,10 @@ def test_no_l3_information_keeps_the_first_free_cores(corpus_root):
     # 2s8c-2numa has NUMA nodes but no cache directories: within a node, core order.
     plan = plan_for(corpus_root["2s8c-2numa"], num_exclusive_cores=3, num_shared_cores=1)
     assert plan["pool_cpus"]["exclusive"] == "1-3,17-19"
-    # and spread over its 4 nodes (4 cores each): n0 (1), n2 (9), n1 (4), n3 (12)
+    # and spread over its 4 nodes (4 cores each, the first of each housekeeping):
+    # n0 (1), n2 (9), n1 (5), n3 (13)
     plan = plan_for(corpus_root["2s8c-2numa"], num_exclusive_cores=4, exclusive_mode="spread", num_shared_cores=0)
-    assert plan["handout_order"]["exclusive"] == ["1,17", "9,25", "4,20", "12,28"]
+    assert plan["handout_order"]["exclusive"] == ["1,17", "9,25", "5,21", "13,29"]
 
 
 def test_isolate_locality_treats_unreadable_sysfs_as_unknown(make_root):

@@ -47,9 +47,10 @@ def min_domains(free_per_domain: Counter, count: int) -> int:
 @st.composite
 def plans(draw):
     topo = draw(numa_topologies())
-    infra = draw(st.integers(1, 2))
-    assume(all(len(topo.cores_on(s)) > infra for s in topo.sockets))
-    free = sum(len(topo.cores_on(s)) - infra for s in topo.sockets)
+    infra = draw(st.integers(1, 2))  # per NUMA node
+    per_node = Counter(c.node for c in topo.cores)
+    assume(all(n > infra for n in per_node.values()))
+    free = sum(n - infra for n in per_node.values())
     excl = draw(st.integers(0, free))
     shared = draw(st.integers(0, free - excl))
     raw = {
@@ -64,28 +65,28 @@ def plans(draw):
 
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
 @given(plans())
-def test_a_pool_splits_no_l3_domain_it_could_have_kept_whole(case):
-    """Per pool and NUMA node: the pool's cores there touch the fewest L3 domains the free cores allowed.
-
-    So a pool never takes part of a domain when a domain with room for all of
-    its cores on that node was free, and never touches more domains than it must.
-    """
+def test_exclusive_takes_the_fewest_clean_l3_domains(case):
+    """Per NUMA node: exclusive cores in L3 domains without housekeeping or shared cores touch as few of them
+    as the free cores there allowed (a domain with room for all of them is kept whole; tests/unit/
+    test_plan_modern_properties.py holds the rule that clean domains come first)."""
     topo, raw = case
     plan = plan_pools(topo, make_request(raw))
-    taken = {c.index for s in topo.sockets for c in topo.cores_on(s)[: raw["infra_cores"]]}
-    for pool in (EXCLUSIVE, SHARED):  # exclusive is placed first
-        mine = {topo.core_of(c).index for c in parse_cpulist(plan["pool_cpus"][pool])}
-        for node in topo.numa_nodes:
-            on_node = [c for c in topo.cores if c.node == node]
-            picked = [c for c in on_node if c.index in mine]
-            if not picked:
-                continue
-            free = Counter(c.l3 for c in on_node if c.index not in taken)
-            touched = {c.l3 for c in picked}
-            assert len(touched) == min_domains(free, len(picked)), (
-                f"{pool} on node {node}: {len(picked)} cores over L3 {sorted(touched, key=str)}, free {dict(free)}"
-            )
-        taken |= mine
+    reserved = {topo.core_of(c).index for c in parse_cpulist(plan["reserved_cpus"])}
+    shared = {topo.core_of(c).index for c in parse_cpulist(plan["pool_cpus"][SHARED])}
+    mine = {topo.core_of(c).index for c in parse_cpulist(plan["pool_cpus"][EXCLUSIVE])}
+    if raw["num_exclusive_cores"] == -1 or raw["num_shared_cores"] == -1:
+        return  # one pool takes every core left: nothing to choose
+    for node in topo.numa_nodes:
+        on_node = [c for c in topo.cores if c.node == node]
+        dirty = {c.l3 for c in on_node if c.index in reserved | shared}
+        clean_picked = [c for c in on_node if c.index in mine and c.l3 not in dirty]
+        if not clean_picked or len({c.l3 for c in on_node}) == 1:
+            continue
+        free = Counter(c.l3 for c in on_node if c.l3 not in dirty and c.index not in reserved | shared)
+        touched = {c.l3 for c in clean_picked}
+        assert len(touched) == min_domains(free, len(clean_picked)), (
+            f"exclusive on node {node}: {len(clean_picked)} cores over L3 {sorted(touched, key=str)}, free {dict(free)}"
+        )
     assert plan["counts"][INFRA] == len(topo.cores) - plan["counts"][EXCLUSIVE] - plan["counts"][SHARED]
 
 
@@ -97,7 +98,7 @@ def test_spread_balances_numa_nodes_within_a_socket(case):
     assume(raw["exclusive_mode"] == "spread")
     plan = plan_pools(topo, make_request(raw))
     mine = {topo.core_of(c).index for c in parse_cpulist(plan["pool_cpus"][EXCLUSIVE])}
-    infra = {c.index for s in topo.sockets for c in topo.cores_on(s)[: raw["infra_cores"]]}
+    infra = {topo.core_of(c).index for c in parse_cpulist(plan["reserved_cpus"])}
     for socket in topo.sockets:
         count = Counter(c.node for c in topo.cores_on(socket) if c.index in mine)
         spare = Counter(c.node for c in topo.cores_on(socket) if c.index not in mine | infra)

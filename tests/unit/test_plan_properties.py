@@ -35,12 +35,24 @@ def cores_of(topo, cpulist_text):
     return {topo.core_of(c).index for c in parse_cpulist(cpulist_text)}
 
 
+def half_cores(topo):
+    """Cores with an offline sibling: at the next boot the sibling is back, so they are never isolated."""
+    return {c.index for c in topo.half_cores()}
+
+
 @st.composite
 def generate_cases(draw):
     topo = draw(topologies())
-    infra = draw(st.integers(1, 2))
-    free = sum(max(len(topo.cores_on(s)) - infra, 0) for s in topo.sockets)
-    assume(all(len(topo.cores_on(s)) >= infra for s in topo.sockets) and free >= 2)
+    infra = draw(st.integers(1, 2))  # per NUMA node: one node per socket here
+    assume(all(len(topo.cores_on(s)) >= infra for s in topo.sockets))
+    # Housekeeping takes the core of CPU 0, then cores with an offline sibling, then the first ones.
+    half = half_cores(topo)
+    reserved = set()
+    for s in topo.sockets:
+        order = sorted(topo.cores_on(s), key=lambda c: (0 not in c.cpus, c.index not in half, c.first))
+        reserved |= {c.index for c in order[:infra]}
+    free = len([c for c in topo.cores if c.index not in reserved and c.index not in half])
+    assume(free >= 2)
     excl = draw(st.integers(0, free - 1))
     shared = draw(st.integers(0, free - excl))
     if draw(st.booleans()):
@@ -78,7 +90,7 @@ def test_generate_invariants(case):
                 seen.update(cpus)
     assert all(n == 1 for n in seen.values()), "pools overlap"
     assert sorted(seen) == topo.online
-    # Sizes are honoured exactly.
+    # Sizes are honoured exactly; no core with an offline sibling is isolated.
     excl, shared = raw["num_exclusive_cores"], raw["num_shared_cores"]
     if excl == -1:
         excl = free - shared
@@ -87,6 +99,7 @@ def test_generate_invariants(case):
     assert plan["counts"][EXCLUSIVE] == excl
     assert plan["counts"][SHARED] == shared
     assert plan["counts"][INFRA] == len(topo.cores) - excl - shared
+    assert not cores_of(topo, plan["isolated_cpus"]) & half_cores(topo)
     # Isolated CPUs are exactly exclusive + shared; housekeeping is infra.
     iso = parse_cpulist(plan["pool_cpus"][EXCLUSIVE]) + parse_cpulist(plan["pool_cpus"][SHARED])
     assert parse_cpulist(plan["isolated_cpus"]) == sorted(iso)
@@ -96,7 +109,7 @@ def test_generate_invariants(case):
     # Spread balances each pool across sockets: two sockets' shares differ by
     # more than one only where the smaller socket had no free core left.
     first, second = (SHARED, EXCLUSIVE) if raw["num_exclusive_cores"] == -1 else (EXCLUSIVE, SHARED)
-    base_infra = {c.index for s in topo.sockets for c in topo.cores_on(s)[: raw["infra_cores"]]}
+    base_infra = cores_of(topo, plan["reserved_cpus"]) | half_cores(topo)
     for pool in (first, second):
         if raw[f"{pool}_mode"] != "spread":
             continue

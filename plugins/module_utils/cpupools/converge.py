@@ -318,7 +318,9 @@ def kernel_params(values: Mapping, plan: Mapping, host: str) -> dict:
         "facts_root": values["facts_root"] or values["root"],
         "host": host,
         "name": values["grub_dropin_name"],
-        "isolcpus_flags": list(values["isolcpus_flags"]),
+        "isolcpus_flags": values["isolcpus_flags"]
+        if isinstance(values["isolcpus_flags"], str)
+        else list(values["isolcpus_flags"]),
         "keep_adopted": values["keep_adopted"],
         "nohz_full": values["nohz_full"],
         "rcu_nocbs": values["rcu_nocbs"],

@@ -29,13 +29,15 @@ from .cpulist import ISOLCPUS_FLAGS, parse_cpulist
 from .errors import CpulistError, PlanError
 from .hugepages import parse_entries as to_hugepages
 from .hugepages import parse_size, size_label
-from .kubelet import RUNTIMES, TOPOLOGY_POLICIES, TOPOLOGY_SCOPES, to_policy_options
+from .kubelet import RUNTIMES, TOPOLOGY_POLICIES, TOPOLOGY_SCOPES, to_kubelet_version, to_policy_options
 from .nodecode import AGENT_PATH
 
 PREFIX = "cpupools_"
 MODES = ("packed", "spread")
 SOURCES = ("generate", "adopt")
 ISOLATABLE_POOLS = ("exclusive", "shared")
+#: ``cpupools_exclusive_core_type``: on a hybrid node, exclusive cores are P cores, or any core.
+CORE_TYPE_CHOICES = ("performance", "any")
 STATES = ("present", "absent")
 HT_POLICIES = ("multiThreaded", "singleThreaded")
 #: Counts of cores and seconds are bounded so that no typed number means
@@ -187,23 +189,74 @@ def to_count(raw: object, field: str) -> int:
     return to_int(raw, field, minimum=-1, hint="; give a number of cores, or -1 for all remaining")
 
 
-def to_infra(raw: object, field: str, limit: int | None = None) -> int | tuple[int, ...]:
-    """Cores per socket (a bare integer, also as ``-e`` text) or the infra cores' CPU ids.
+def _is_int(raw: object) -> bool:
+    return (isinstance(raw, int) and not isinstance(raw, bool)) or (isinstance(raw, str) and bool(_INT_RE.match(raw)))
 
-    ``2`` and ``"2"`` both mean two cores per socket; a cpulist needs a
-    comma, a range or a YAML list (``[2]``, ``2-2``) to name CPU ids.
+
+def _infra_map(raw: Mapping, field: str) -> dict[int, int | str]:
+    """``{NUMA node: cores or "auto"}``; from ``-e``: ``'{"0": 2}'`` or ``"0=2,3=0"``."""
+    out: dict[int, int | str] = {}
+    for key, value in raw.items():
+        node = key.strip() if isinstance(key, str) else key
+        if not _is_int(node) or int(node) < 0:  # type: ignore[call-overload]
+            raise InputError(
+                f"{show(key)} is not a NUMA node number (in the mapping of NUMA node to infra cores)", field
+            )
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            out[int(node)] = "auto"  # type: ignore[call-overload]
+            continue
+        count = to_int(value.strip() if isinstance(value, str) else value, field, minimum=0, hint=" (infra cores)")
+        out[int(node)] = count  # type: ignore[call-overload]
+    if not out:
+        raise InputError("the mapping of NUMA node to infra cores is empty; give auto or a number instead", field)
+    return dict(sorted(out.items()))
+
+
+def to_infra(raw: object, field: str, limit: int | None = None) -> int | tuple[int, ...] | str | dict:
+    """``auto``, cores per NUMA node, a mapping NUMA node -> cores, or the infra cores' CPU ids.
+
+    ``2`` and ``"2"`` both mean two cores on every NUMA node; a cpulist needs a
+    comma, a range or a YAML list (``[2]``, ``2-2``) to name CPU ids; a
+    mapping (``{0: 2, 3: 0}``, from ``-e`` ``"0=2,3=0"``) sets some NUMA
+    nodes and leaves the others ``auto``.
     """
-    if (isinstance(raw, int) and not isinstance(raw, bool)) or (isinstance(raw, str) and _INT_RE.match(raw.strip())):
+    if isinstance(raw, str) and raw.strip().lower() == "auto":
+        return "auto"
+    if _is_int(raw.strip() if isinstance(raw, str) else raw):
         count = to_int(raw, field)
         if count < 1:
-            raise InputError(f"{count} infra cores per socket; at least 1 is needed for the host and Kubernetes", field)
+            raise InputError(
+                f"{count} infra cores per NUMA node; at least 1 is needed for the host and Kubernetes "
+                "(a mapping of NUMA node to cores can leave single nodes without)",
+                field,
+            )
         return count
+    if isinstance(raw, str) and ("=" in raw or raw.strip().startswith("{")) and len(raw) <= 4096:
+        parsed = _mapping_text(raw)
+        if isinstance(parsed, Mapping):
+            return _infra_map(parsed, field)
+    if isinstance(raw, Mapping):
+        return _infra_map(raw, field)
     if isinstance(raw, float):
-        raise InputError(f"{show(raw)} is neither a number of cores per socket nor a cpulist", field)
+        raise InputError(f"{show(raw)} is neither auto, a number of cores per NUMA node nor a cpulist", field)
     cpus = to_cpus(raw, field, limit)
     if not cpus:
         raise InputError("the infra cpulist is empty; the host and Kubernetes need at least one core", field)
     return cpus
+
+
+def to_isolated_pools(raw: object, field: str) -> str | list[str]:
+    """``auto`` (what the runtime needs: plan.default_isolated_pools) or a list of pools."""
+    if isinstance(raw, str) and raw.strip().lower() == "auto":
+        return "auto"
+    return to_choices(raw, field, ISOLATABLE_POOLS)
+
+
+def to_isolcpus_flags(raw: object, field: str) -> str | list[str]:
+    """``auto`` (the runtime's: kargs.RUNTIME_ISOLCPUS_FLAGS) or a list of isolcpus flags."""
+    if isinstance(raw, str) and raw.strip().lower() == "auto":
+        return "auto"
+    return to_choices(raw, field, ISOLCPUS_FLAGS)
 
 
 def to_sst_bf(raw: object, field: str) -> str:
@@ -360,16 +413,11 @@ SPEC: dict[str, Var] = {
     "exclusive_mode": _var("plan", _choice(MODES), "packed", choices=MODES),
     "shared_mode": _var("plan", _choice(MODES), "packed", choices=MODES),
     "excl_non_isolcpus": _var("plan", to_cpus, "", "raw"),
-    "infra_cores": _var("plan", to_infra, 1, "raw"),
+    "infra_cores": _var("plan", to_infra, "auto", "raw"),
     "isolcpus_source": _var("plan", _choice(SOURCES), "generate", choices=SOURCES),
     "sst_bf": _var("plan", to_sst_bf, "auto", "raw"),
-    "isolated_pools": _var(
-        "plan",
-        lambda r, f: to_choices(r, f, ISOLATABLE_POOLS),
-        list(ISOLATABLE_POOLS),
-        "list",
-        choices=ISOLATABLE_POOLS,
-    ),
+    "isolated_pools": _var("plan", to_isolated_pools, "auto", "raw"),
+    "exclusive_core_type": _var("plan", _choice(CORE_TYPE_CHOICES), "performance", choices=CORE_TYPE_CHOICES),
     "isolate_cpu0": _var("plan", to_bool, False, "bool"),
     "plan_check_stages": _var("plan", to_bool, True, "bool"),
     "hugepages": _var("plan", to_hugepages, [], "raw"),
@@ -388,13 +436,7 @@ SPEC: dict[str, Var] = {
     "grub_dropin_name": _var(
         "kernel", _str(False, _FILE_NAME_RE, "a file name (letters, digits, _ . -)"), "99-cpupools"
     ),
-    "isolcpus_flags": _var(
-        "kernel",
-        lambda r, f: to_choices(r, f, ISOLCPUS_FLAGS),
-        ["managed_irq", "domain"],
-        "list",
-        choices=ISOLCPUS_FLAGS,
-    ),
+    "isolcpus_flags": _var("kernel", lambda r, f: to_isolcpus_flags(r, f), "auto", "raw"),
     "keep_adopted": _var("kernel", to_bool, True, "bool"),
     "nohz_full": _var("kernel", to_bool, True, "bool"),
     "rcu_nocbs": _var("kernel", to_bool, True, "bool"),
@@ -417,6 +459,7 @@ SPEC: dict[str, Var] = {
     # How exclusive CPUs reach workloads (docs/kubelet.md); the kubelet runtime's knobs
     "runtime": _var("plan agent kernel k8s kubelet", _choice(RUNTIMES), "cmk", choices=RUNTIMES),
     "kubelet_policy_options": _var("kernel kubelet", to_policy_options, "auto", "raw"),
+    "kubelet_version": _var("plan kernel kubelet", to_kubelet_version, "auto"),
     "kubelet_topology_policy": _var(
         "kernel kubelet", _choice(TOPOLOGY_POLICIES), "best-effort", choices=TOPOLOGY_POLICIES
     ),
@@ -566,6 +609,8 @@ PLAN_KEYS = (
     "sst_bf",
     "isolated_pools",
     "isolate_cpu0",
+    "runtime",
+    "exclusive_core_type",
 )
 
 

@@ -74,6 +74,19 @@ class KargsOptions:
     command_line_size: int = COMMAND_LINE_SIZE
 
 
+#: ``cpupools_isolcpus_flags: auto`` per runtime: the kubelet runs every pod it has
+#: not handed CPUs to on its isolated CPUs, so they keep the scheduler's load
+#: balancing (``managed_irq`` only, as OpenShift's PerformanceProfile does).
+RUNTIME_ISOLCPUS_FLAGS = {"kubelet": ("managed_irq",)}
+
+
+def resolve_isolcpus_flags(raw: object, runtime: str | None) -> tuple[str, ...]:
+    """``cpupools_isolcpus_flags`` with ``auto`` (or nothing) resolved for the node's runtime."""
+    if raw is None or (isinstance(raw, str) and raw.strip().lower() == "auto"):
+        return RUNTIME_ISOLCPUS_FLAGS.get(runtime or "cmk", DEFAULT_ISOLCPUS_FLAGS)
+    return parse_flags(raw)
+
+
 def parse_flags(raw: object) -> tuple[str, ...]:
     """Validate ``cpupools_isolcpus_flags`` (a list, or a comma-separated string)."""
     if raw is None:
@@ -111,8 +124,13 @@ def make_options(raw: Mapping[str, object]) -> KargsOptions:
             raise KernelArgsError(f"{value!r} is not true or false", name)
         return value
 
+    plan = raw.get("plan")
+    runtime = plan.get("runtime") if isinstance(plan, Mapping) else None
+    flags = raw.get("isolcpus_flags")
+    if isinstance(flags, (list, tuple)) and [str(f).strip().lower() for f in flags] == ["auto"]:
+        flags = "auto"  # a list-typed module option makes ["auto"] of auto
     return KargsOptions(
-        isolcpus_flags=parse_flags(raw.get("isolcpus_flags")),
+        isolcpus_flags=resolve_isolcpus_flags(flags, runtime),
         nohz_full=flag("nohz_full"),
         rcu_nocbs=flag("rcu_nocbs"),
         irqaffinity=flag("irqaffinity"),

@@ -5,12 +5,21 @@ kubelet's static CPU manager (Guaranteed pods with integer CPU requests)
 instead of ``cmk isolate``. Everything the kubelet needs is derived here from
 the one plan and the topology facts:
 
-- ``reservedSystemCPUs``: the infra pool (the CPUs of the host and of
-  Kubernetes' own daemons); every other CPU is the kubelet's to hand out;
-- ``cpuManagerPolicy: static`` and its options: ``full-pcpus-only`` where the
-  cores have more than one thread, ``strict-cpu-reservation`` (Burstable and
-  BestEffort pods stay off the reserved CPUs too), and
-  ``distribute-cpus-across-numa`` where the node has more than one NUMA node;
+- ``reservedSystemCPUs``: the plan's housekeeping cores (``reserved_cpus``:
+  kept on every NUMA node for the host, the kubelet and the container
+  runtime), nothing more; every other CPU is the kubelet's to share and
+  hand out, and the plan isolates all of them (``nohz_full``, ``rcu_nocbs``,
+  ``isolcpus=managed_irq``), as OpenShift's PerformanceProfile isolates
+  every CPU it does not reserve;
+- ``cpuManagerPolicy: static`` and its options, for the kubelet's version
+  (``POLICY_OPTIONS``: when each appeared, went beta and GA; ``INCOMPATIBLE``:
+  the pairs the kubelet refuses together). ``auto`` takes ``full-pcpus-only``
+  where cores have more than one thread, ``strict-cpu-reservation`` (pods
+  stay off the reserved CPUs), and ``prefer-align-cpus-by-uncorecache``
+  where a NUMA node holds several L3 domains (a pod's CPUs in one CCD), else
+  ``distribute-cpus-across-numa`` where there are several NUMA nodes; only
+  options the kubelet has on by default (beta or GA). An alpha option the
+  operator lists turns ``CPUManagerPolicyAlphaOptions`` on in the drop-in;
 - the Topology Manager policy and scope (inventory knobs).
 
 They are written as a KubeletConfiguration drop-in in the kubelet's
@@ -29,21 +38,54 @@ CPUs are reserved.
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
+import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from .bootloader import Host
 from .cpulist import format_cpulist, parse_cpulist
 from .errors import CpulistError, CpupoolsError, PlanError
-from .kargs import housekeeping_outputs
+from .kargs import housekeeping_outputs, resolve_isolcpus_flags
 from .nodecode import under
 from .topology import Topology
 
 RUNTIMES = ("cmk", "kubelet", "cpu-pooler", "nri-topology-aware", "nri-balloons")
 TOPOLOGY_POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
 TOPOLOGY_SCOPES = ("container", "pod")
-#: The static policy's options cpupools derives (all beta or GA from Kubernetes 1.33).
-POLICY_OPTIONS = ("full-pcpus-only", "strict-cpu-reservation", "distribute-cpus-across-numa")
+FULL_PCPUS = "full-pcpus-only"
+STRICT = "strict-cpu-reservation"
+UNCORE = "prefer-align-cpus-by-uncorecache"
+ACROSS_NUMA = "distribute-cpus-across-numa"
+BY_SOCKET = "align-by-socket"
+ACROSS_CORES = "distribute-cpus-across-cores"
+#: The static policy's options: Kubernetes 1.x minor of their alpha, beta and GA
+#: (None: not yet), from the kubelet's policy_options.go and the KEPs
+#: (2625, 2902, 3327, 4540, 4800; docs/kubelet.md). Alpha needs the feature gate
+#: CPUManagerPolicyAlphaOptions (off by default); beta and GA need nothing.
+POLICY_OPTIONS: dict[str, tuple[int, int | None, int | None]] = {
+    FULL_PCPUS: (22, 23, 33),
+    STRICT: (32, 33, 35),
+    UNCORE: (32, 34, 36),
+    ACROSS_NUMA: (23, 33, None),
+    BY_SOCKET: (25, None, None),
+    ACROSS_CORES: (31, None, None),
+}
+#: Pairs the kubelet refuses to start with ("static policy options %s and %s can not be used at the same time").
+INCOMPATIBLE = (
+    (FULL_PCPUS, ACROSS_CORES),
+    (ACROSS_NUMA, ACROSS_CORES),
+    (UNCORE, ACROSS_CORES),
+    (UNCORE, ACROSS_NUMA),
+)
+ALPHA_GATE = "CPUManagerPolicyAlphaOptions"
+#: The kubelet this version of cpupools is tested against; ``auto`` without a
+#: kubelet on the node assumes the oldest whose derived options it knows.
+NEWEST_KUBELET = (1, 36)
+ASSUMED_KUBELET = (1, 33)
 RESERVATIONS = ("reservedSystemCPUs", "systemReserved")
 STATE_FILE = "/var/lib/kubelet/cpu_manager_state"
 RECORD_FILE = "/var/lib/cpupools/kubelet-cpu-manager.json"
@@ -56,11 +98,64 @@ RESTART_FIELDS = (
     "reservedSystemCPUs",
     "topologyManagerPolicy",
     "topologyManagerScope",
+    "featureGates",
 )
 #: The isolcpus flag that takes CPUs out of the scheduler's load balancing.
 _DOMAIN = "domain"
 
 KubeletError = PlanError
+
+
+def to_kubelet_version(raw: object, field: str) -> str:
+    """``auto`` (ask the node's kubelet) or a Kubernetes version: ``1.34``, ``v1.34.2``."""
+    if isinstance(raw, str) and raw.strip().lower() == "auto":
+        return "auto"
+    text = str(raw).strip() if isinstance(raw, (str, int, float)) and not isinstance(raw, bool) else ""
+    match = re.match(r"^v?1\.([0-9]{1,3})(\.[0-9]{1,4})?([-+][0-9A-Za-z.+-]{0,60})?$", text)
+    if not match:
+        raise KubeletError(f"{show_short(raw)} is neither auto nor a Kubernetes version like 1.34", field)
+    return f"1.{int(match.group(1))}"
+
+
+def show_short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:55]}...{text[-2:]}"
+
+
+def resolve_version(raw: object) -> str | None:
+    """``cpupools_kubelet_version`` resolved: ``auto`` asks the node's kubelet (``None``: no kubelet found)."""
+    if raw is None or raw == "auto":
+        return detect_version()
+    return str(raw)
+
+
+def version_tuple(text: str | None) -> tuple[int, int] | None:
+    match = re.match(r"^v?(\d+)\.(\d+)", text or "")
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def detect_version(run: Callable[[list[str]], str | None] | None = None) -> str | None:
+    """The node's kubelet version (``kubelet --version``: ``Kubernetes v1.36.2``); ``None`` without one."""
+    if run is None:
+        path = shutil.which("kubelet") or next(
+            (p for p in ("/usr/bin/kubelet", "/usr/local/bin/kubelet") if os.access(p, os.X_OK)), None
+        )
+        if path is None:
+            return None
+
+        def run(argv: list[str]) -> str | None:
+            try:
+                done = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False)
+            except (OSError, subprocess.SubprocessError):
+                return None
+            return done.stdout if done.returncode == 0 else None
+
+        argv = [path, "--version"]
+    else:
+        argv = ["kubelet", "--version"]
+    out = run(argv) or ""
+    match = re.search(r"v?(1\.\d+)(\.\d+)?", out)
+    return match.group(1) if match else None
 
 
 def to_policy_options(raw: object, field: str) -> str | list[str]:
@@ -74,12 +169,18 @@ def to_policy_options(raw: object, field: str) -> str | list[str]:
     else:
         raise KubeletError(f"{raw!r} is neither auto nor a list of {', '.join(POLICY_OPTIONS)}", field)
     out: list[str] = []
+    names = list(POLICY_OPTIONS)
     for item in items:
         if not isinstance(item, str) or item.strip() not in POLICY_OPTIONS:
-            raise KubeletError(f"{item!r} is not auto or one of {', '.join(POLICY_OPTIONS)}", field)
+            raise KubeletError(f"{show_short(item)} is not auto or one of {', '.join(names)}", field)
         if item.strip() not in out:
             out.append(item.strip())
-    return sorted(out, key=POLICY_OPTIONS.index)
+    for first, second in INCOMPATIBLE:
+        if first in out and second in out:
+            raise KubeletError(
+                f"{first} and {second} cannot be used together (the kubelet refuses to start with both)", field
+            )
+    return sorted(out, key=names.index)
 
 
 def _cpus(text: object, what: str) -> set[int]:
@@ -93,33 +194,119 @@ def _pool(plan: Mapping, name: str) -> set[int]:
     return _cpus((plan.get("pool_cpus") or {}).get(name, ""), f"pool_cpus.{name}")
 
 
-def derive_options(threads_per_core: int, numa_nodes: int, requested: str | Sequence[str]) -> dict[str, str]:
-    """The ``cpuManagerPolicyOptions`` map: derived for ``auto``, else the operator's list."""
+@dataclass(frozen=True)
+class NodeShape:
+    """What of a node's topology the kubelet's options depend on."""
+
+    threads_per_core: int = 1
+    numa_nodes: int = 1
+    sockets: int = 1
+    #: The most L3 domains one NUMA node holds (AMD CCDs: several; Intel, SNC: one).
+    l3_per_node: int = 1
+    #: P and E cores, with the E cores reserved (the kubelet cannot keep pods off them).
+    hybrid_reserved: bool = False
+    siblings: Mapping[int, Sequence[int]] | None = None
+
+
+def node_shape(topology: Topology, plan: Mapping | None = None) -> NodeShape:
+    per_node: dict[int, set] = {}
+    for core in topology.cores:
+        per_node.setdefault(core.node, set()).add(core.l3)
+    efficiency = set(topology.core_types.get("efficiency", ()))
+    reserved = _cpus((plan or {}).get("reserved_cpus") or "", "reserved_cpus") if plan else set()
+    return NodeShape(
+        threads_per_core=topology.threads_per_core,
+        numa_nodes=len(topology.numa_nodes),
+        sockets=len(topology.sockets),
+        l3_per_node=max((len(v - {None}) for v in per_node.values()), default=1) or 1,
+        hybrid_reserved=bool(efficiency) and efficiency <= reserved,
+        siblings={cpu: topology.cpus[cpu].siblings for cpu in topology.cpus},
+    )
+
+
+def _version(settings: Mapping[str, object], plan: Mapping) -> tuple[tuple[int, int], bool]:
+    """The kubelet version the options are for, and whether it is known (not assumed).
+
+    The plan play resolved ``auto`` once (``plan["kubelet"]["version"]``); the
+    kernel stage takes that, so both derive the same options.
+    """
+    given = settings.get("kubelet_version")
+    if given in (None, "auto"):
+        given = ((plan.get("kubelet") or {}) if isinstance(plan.get("kubelet"), Mapping) else {}).get("version")
+    found = version_tuple(str(given or ""))
+    return (found, True) if found else (ASSUMED_KUBELET, False)
+
+
+def derive_options(shape: NodeShape, requested: str | Sequence[str], version: tuple[int, int]) -> dict[str, str]:
+    """The ``cpuManagerPolicyOptions`` map: derived for ``auto``, else the operator's list.
+
+    ``auto`` takes only options the kubelet of ``version`` has on by default (beta or GA).
+    """
     if requested != "auto":
         names = list(requested)
     else:
+        minor = version[1]
+
+        def usable(name: str) -> bool:
+            beta = POLICY_OPTIONS[name][1]
+            return beta is not None and minor >= beta
+
         names = []
-        if threads_per_core > 1:
-            names.append("full-pcpus-only")
-        names.append("strict-cpu-reservation")
-        if numa_nodes > 1:
-            names.append("distribute-cpus-across-numa")
-    return {name: "true" for name in sorted(names, key=POLICY_OPTIONS.index)}
+        if shape.threads_per_core > 1 and usable(FULL_PCPUS):
+            names.append(FULL_PCPUS)
+        if usable(STRICT) and not shape.hybrid_reserved:
+            names.append(STRICT)
+        if shape.l3_per_node > 1 and usable(UNCORE):
+            names.append(UNCORE)
+        elif shape.numa_nodes > 1 and usable(ACROSS_NUMA):
+            names.append(ACROSS_NUMA)
+    order = list(POLICY_OPTIONS)
+    return {name: "true" for name in sorted(names, key=order.index)}
 
 
-def derive_config(
-    plan: Mapping,
-    *,
-    threads_per_core: int,
-    numa_nodes: int,
-    siblings: Mapping[int, Sequence[int]],
-    settings: Mapping[str, object],
-) -> dict[str, object]:
+def check_options(
+    options: Mapping[str, str], version: tuple[int, int], known: bool, shape: NodeShape, topology_policy: str
+) -> dict[str, bool]:
+    """Refuse options this kubelet would refuse to start with; return the feature gates they need."""
+    gates: dict[str, bool] = {}
+    shown = f"1.{version[1]}" + ("" if known else " (assumed: set cpupools_kubelet_version)")
+    for name in options:
+        alpha, beta, _ = POLICY_OPTIONS[name]
+        if version[1] < alpha:
+            raise KubeletError(
+                f"{name} needs kubelet 1.{alpha} or later, and this node's kubelet is {shown}",
+                "kubelet_policy_options",
+            )
+        if beta is None or version[1] < beta:
+            gates[ALPHA_GATE] = True
+    for first, second in INCOMPATIBLE:
+        if first in options and second in options:
+            raise KubeletError(
+                f"{first} and {second} cannot be used together (the kubelet refuses to start with both)",
+                "kubelet_policy_options",
+            )
+    if BY_SOCKET in options:
+        if topology_policy == "single-numa-node":
+            raise KubeletError(
+                f"{BY_SOCKET} cannot be used with the Topology Manager policy single-numa-node "
+                "(the kubelet refuses to start with both)",
+                "kubelet_policy_options",
+            )
+        if shape.sockets > shape.numa_nodes:
+            raise KubeletError(
+                f"{BY_SOCKET} needs at least one NUMA node per socket, and this node has {shape.sockets} sockets "
+                f"and {shape.numa_nodes} NUMA node(s) (the kubelet refuses to start)",
+                "kubelet_policy_options",
+            )
+    return gates
+
+
+def derive_config(plan: Mapping, shape: NodeShape, settings: Mapping[str, object]) -> dict[str, object]:
     """The KubeletConfiguration fields for ``cpupools_runtime: kubelet``, or ``KubeletError``.
 
     ``settings``: the normalised inputs (``inputs.validate_inputs``) without
-    the ``cpupools_`` prefix. ``siblings``: every online CPU to the CPUs of
-    its core. Refuses, with the numbers, what the kubelet cannot run with or
+    the ``cpupools_`` prefix (``kubelet_version`` resolved from ``auto`` by the
+    module). Refuses, with the numbers, what the kubelet cannot run with or
     what would fight the pools:
 
     - no CPU left for the kubelet to hand out (no exclusive pool);
@@ -129,9 +316,13 @@ def derive_config(
     - ``isolcpus`` with the ``domain`` flag on CPUs the kubelet manages: the
       kubelet runs every Burstable and BestEffort pod on the CPUs not handed
       out, and on an isolated CPU nothing spreads them;
-    - ``full-pcpus-only`` with a reserved set that splits a core.
+    - ``full-pcpus-only`` with a reserved set that splits a core;
+    - options the kubelet's version does not have, or refuses together.
     """
-    reserved = _pool(plan, "infra")
+    reserved = (
+        _cpus(plan["reserved_cpus"], "reserved_cpus") if plan.get("reserved_cpus") is not None else _pool(plan, "infra")
+    )
+    siblings = shape.siblings or {}
     every = set()
     for name in plan.get("pool_cpus") or {}:
         every |= _pool(plan, name)
@@ -161,7 +352,7 @@ def derive_config(
             "balances",
             "infra_cores",
         )
-    flags = list(settings.get("isolcpus_flags") or [])
+    flags = resolve_isolcpus_flags(settings.get("isolcpus_flags"), "kubelet")
     if (isolated & managed) and (_DOMAIN in flags or not flags):
         raise KubeletError(
             f"isolcpus with the domain flag would take CPUs {format_cpulist(isolated & managed)} out of the "
@@ -171,8 +362,11 @@ def derive_config(
             "isolcpus_flags",
         )
     requested = settings.get("kubelet_policy_options")
-    options = derive_options(threads_per_core, numa_nodes, "auto" if requested is None else requested)  # type: ignore[arg-type]
-    if "full-pcpus-only" in options:
+    version, known = _version(settings, plan)
+    options = derive_options(shape, "auto" if requested is None else requested, version)  # type: ignore[arg-type]
+    topology_policy = str(settings.get("kubelet_topology_policy") or "best-effort")
+    gates = check_options(options, version, known, shape, topology_policy)
+    if FULL_PCPUS in options:
         split = sorted(cpu for cpu in reserved if not set(siblings.get(cpu, (cpu,))) <= reserved)
         if split:
             raise KubeletError(
@@ -180,13 +374,16 @@ def derive_config(
                 f"{split[0]} shares its core with CPUs outside it",
                 "kubelet_policy_options",
             )
-    return {
+    config: dict[str, object] = {
         "cpuManagerPolicy": "static",
         "cpuManagerPolicyOptions": options,
         "reservedSystemCPUs": format_cpulist(reserved),
-        "topologyManagerPolicy": settings.get("kubelet_topology_policy") or "best-effort",
+        "topologyManagerPolicy": topology_policy,
         "topologyManagerScope": settings.get("kubelet_topology_scope") or "container",
     }
+    if gates:
+        config["featureGates"] = gates
+    return config
 
 
 def cmk_config(plan: Mapping, reservation: str) -> dict[str, object]:
@@ -220,7 +417,10 @@ def render_dropin(config: Mapping[str, object], runtime: str, header: str = HEAD
     for key, value in config.items():
         if isinstance(value, Mapping):
             lines.append(f"{key}:")
-            lines += [f"  {name}: {_quote(str(item))}" for name, item in value.items()]
+            lines += [
+                f"  {name}: {str(item).lower() if isinstance(item, bool) else _quote(str(item))}"
+                for name, item in value.items()
+            ]
         else:
             lines.append(f"{key}: {_quote(str(value))}")
     return "\n".join(lines) + "\n"
@@ -366,13 +566,7 @@ def desired_config(params: Mapping[str, object], topology: Topology | None) -> d
     if params["runtime"] == "kubelet":
         if topology is None:
             raise KubeletError("no topology facts: run the cpupools_plan role first", "plan")
-        return derive_config(
-            plan,
-            threads_per_core=topology.threads_per_core,
-            numa_nodes=len(topology.numa_nodes),
-            siblings={cpu: topology.cpus[cpu].siblings for cpu in topology.cpus},
-            settings=params,
-        )
+        return derive_config(plan, node_shape(topology, plan), params)
     if params["runtime"] == "cmk" and params.get("dropin"):
         return cmk_config(plan, str(params.get("reservation") or "reservedSystemCPUs"))
     return None
@@ -477,7 +671,11 @@ def verify_started(
     }
 
 
-def check_plan(plan: Mapping, topology: Topology, values: Mapping[str, object]) -> None:
-    """The plan play's check: with ``runtime: kubelet`` (and state present), what ``derive_config`` would refuse."""
+def check_plan(plan: Mapping, topology: Topology, values: Mapping[str, object]) -> dict[str, object] | None:
+    """The plan play's check: with ``runtime: kubelet`` (and state present), what ``derive_config`` would refuse.
+
+    Returns the drop-in's fields (``None`` for another runtime or state).
+    """
     if values.get("runtime") == "kubelet" and values.get("state", "present") == "present":
-        desired_config({**values, "plan": plan}, topology)
+        return desired_config({**values, "plan": plan}, topology)
+    return None

@@ -128,22 +128,49 @@ def read_l3(root: str, cpu: int) -> tuple[str | None, str | None]:
     return None, None
 
 
+def read_l2(root: str, cpu: int) -> tuple[str | None, str | None]:
+    """``(shared_cpu_list text, id text)`` of the level-2 cache of ``cpu``; ``(None, None)`` when it has none.
+
+    ``index2`` is the unified L2 on x86 and most arm64 servers (``index0`` and
+    ``index1`` are the L1 data and instruction caches). Where the kernel shows
+    no L2 cache, ``topology/cluster_cpus_list`` and ``cluster_id`` stand in: on
+    x86 the kernel's cluster *is* the set of CPUs sharing an L2 (an E-core
+    module of four cores).
+    """
+    cache = os.path.join(root, CPU_DIR, f"cpu{cpu}", "cache", "index2")
+    level = read_text(os.path.join(cache, "level"))
+    if level is not None and level.strip() == "2":
+        return read_text(os.path.join(cache, "shared_cpu_list")), read_text(os.path.join(cache, "id"))
+    topo = os.path.join(root, CPU_DIR, f"cpu{cpu}", "topology")
+    shared = read_text(os.path.join(topo, "cluster_cpus_list"))
+    if shared is None:
+        return None, None
+    ident = read_text(os.path.join(topo, "cluster_id"))
+    # cluster_id is -1 where firmware gives no cluster (and the list is then the CPU alone).
+    return shared, None if ident is None or ident.strip().startswith("-") else ident
+
+
 def l3_domain(cpu: int, shared: str | None, ident: str | None) -> tuple[int, tuple[int, ...]] | None:
     """``(domain id, its CPUs)`` from what ``read_l3`` returned for ``cpu``; ``None`` without an L3.
 
     The id is the cache's ``id`` file where the kernel has one, else the
     lowest CPU id sharing the cache.
     """
+    return cache_domain(cpu, shared, ident, "L3")
+
+
+def cache_domain(cpu: int, shared: str | None, ident: str | None, what: str) -> tuple[int, tuple[int, ...]] | None:
+    """``(domain id, its CPUs)`` of one cache level (``what``: ``L3``, ``L2``) from its two texts."""
     if shared is None:
         return None
-    where = f"{CPU_DIR}/cpu{cpu}/cache L3 shared_cpu_list"
+    where = f"{CPU_DIR}/cpu{cpu}/cache {what} shared_cpu_list"
     cpus = tuple(parse_cpulist(shared, where))
     if cpu not in cpus:
         cpus = tuple(sorted({*cpus, cpu}))
     if ident is not None and ident.strip():
         text = ident.strip()
         if not (text.isdigit() and text.isascii()):
-            raise TopologyError(f"{CPU_DIR}/cpu{cpu}/cache L3 id: {text!r} is not a number")
+            raise TopologyError(f"{CPU_DIR}/cpu{cpu}/cache {what} id: {text!r} is not a number")
         return int(text), cpus
     return cpus[0], cpus
 

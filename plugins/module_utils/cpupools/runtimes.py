@@ -104,6 +104,27 @@ def _isolated(plan: Mapping) -> set[int]:
     return set(parse_cpulist(plan.get("isolated_cpus") or "", "isolated_cpus"))
 
 
+def _reserved(plan: Mapping) -> list[int]:
+    """The housekeeping cores (what no runtime hands out); the infra pool for a plan without them."""
+    text = plan.get("reserved_cpus")
+    return parse_cpulist(text, "reserved_cpus") if text is not None else _pool_cpus(plan, INFRA)
+
+
+#: The plan's core types in balloons' ``preferCoreType`` terms.
+BALLOON_CORE_TYPES = {"performance": "performance", "efficiency": "efficient"}
+
+
+def _core_type_of(plan: Mapping, cpus: list[int]) -> str | None:
+    """``performance`` or ``efficient`` when every CPU of ``cpus`` is of that type (hybrid nodes only)."""
+    types = plan.get("core_types") or {}
+    if not cpus or len(types) < 2:
+        return None
+    for kind, text in types.items():
+        if set(cpus) <= set(parse_cpulist(text or "", f"core_types.{kind}")):
+            return BALLOON_CORE_TYPES.get(kind)
+    return None
+
+
 def _all_cpus(plan: Mapping) -> list[int]:
     return sorted({cpu for pool in (plan.get("pool_cpus") or {}) for cpu in _pool_cpus(plan, pool)})
 
@@ -221,17 +242,20 @@ def pooler_file(config: Mapping, group: str) -> tuple[str, str]:
 def render_nri(plan: Mapping, runtime: str) -> dict:
     """The ``spec`` of the nri-plugins policy object for the plan.
 
-    Reserved: the infra pool as an explicit cpuset (kube-system and the
-    reserved-pool namespaces run there); available: every CPU of the plan.
-    topology-aware prefers isolated CPUs for exclusive allocations;
-    balloons gets one balloon type per pool: exclusive types make a new
-    balloon per container (``preferNewBalloons``) up to the pool's size,
-    preferring isolated CPUs where the plan isolates the pool; the shared
-    type is one balloon of exactly the shared pool's size.
+    Reserved: the plan's housekeeping cores (``reserved_cpus``) as an explicit
+    cpuset (kube-system and the reserved-pool namespaces run there), not the
+    cores no pool took: those stay the policy's to share; available: every
+    CPU of the plan. topology-aware prefers isolated CPUs for exclusive
+    allocations; balloons gets one balloon type per pool: an exclusive type
+    makes a new balloon per container (``preferNewBalloons``), at most one
+    per core of the pool (``maxBalloons``) and none larger than the pool,
+    preferring isolated CPUs where the plan isolates the pool and, on a
+    hybrid node, the pool's core type (``preferCoreType``); the shared type
+    is one balloon of exactly the shared pool's size, on its core type.
     """
     isolated = _isolated(plan)
     spec: dict[str, Any] = {
-        "reservedResources": {"cpu": "cpuset:" + format_cpulist(_pool_cpus(plan, INFRA))},
+        "reservedResources": {"cpu": "cpuset:" + format_cpulist(_reserved(plan))},
         "availableResources": {"cpu": "cpuset:" + format_cpulist(_all_cpus(plan))},
         "pinCPU": True,
         "pinMemory": True,
@@ -245,28 +269,33 @@ def render_nri(plan: Mapping, runtime: str) -> dict:
     for pool in (EXCLUSIVE, ENI):
         cpus = _pool_cpus(plan, pool)
         if cpus:
-            types.append(
-                {
-                    "name": BALLOON_TYPES[pool],
-                    "maxCPUs": len(cpus),
-                    "preferNewBalloons": True,
-                    "preferIsolCpus": any(cpu in isolated for cpu in cpus),
-                    "allocatorPriority": "high",
-                }
-            )
+            entry: dict[str, Any] = {
+                "name": BALLOON_TYPES[pool],
+                "maxBalloons": len(_pool_cores(plan, pool)) or len(cpus),
+                "maxCPUs": len(cpus),
+                "preferNewBalloons": True,
+                "preferIsolCpus": any(cpu in isolated for cpu in cpus),
+                "allocatorPriority": "high",
+            }
+            kind = _core_type_of(plan, cpus)
+            if kind:
+                entry["preferCoreType"] = kind
+            types.append(entry)
     shared = _pool_cpus(plan, SHARED)
     if shared:
-        types.append(
-            {
-                "name": BALLOON_TYPES[SHARED],
-                "minBalloons": 1,
-                "maxBalloons": 1,
-                "minCPUs": len(shared),
-                "maxCPUs": len(shared),
-                "preferIsolCpus": any(cpu in isolated for cpu in shared),
-                "allocatorPriority": "normal",
-            }
-        )
+        entry = {
+            "name": BALLOON_TYPES[SHARED],
+            "minBalloons": 1,
+            "maxBalloons": 1,
+            "minCPUs": len(shared),
+            "maxCPUs": len(shared),
+            "preferIsolCpus": any(cpu in isolated for cpu in shared),
+            "allocatorPriority": "normal",
+        }
+        kind = _core_type_of(plan, shared)
+        if kind:
+            entry["preferCoreType"] = kind
+        types.append(entry)
     spec["balloonTypes"] = types
     return spec
 

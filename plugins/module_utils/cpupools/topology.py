@@ -13,25 +13,40 @@ that order, as ``lscpu -p`` numbers its ``Core`` column.
 
 Below the socket: each CPU's NUMA node (``node/nodeN/cpulist``) and last-level
 cache domain (``cache/index*/`` with ``level`` 3: ``shared_cpu_list``, and ``id``
-or else the lowest CPU sharing it), and the NUMA distance table
-(``node/nodeN/distance``); ``locality`` reads them, for the agent too.
+or else the lowest CPU sharing it), its L2 (``cache/index2``, or the kernel's
+``topology/cluster_cpus_list``: on E-core Xeons four cores share one), and the
+NUMA distance table (``node/nodeN/distance``); ``locality`` reads them, for the
+agent too.
+
+Core types: on hybrid Intel parts ``/sys/devices/cpu_core/cpus`` lists the P
+cores' CPUs and ``/sys/devices/cpu_atom/cpus`` the E cores'; elsewhere
+(arm64 big.LITTLE) ``cpuN/cpu_capacity`` tells them apart. A homogeneous node
+has no core types.
+
+The machine that boots: ``present`` and ``possible`` CPUs, and SMT control
+(``smt/control``, ``smt/active``), so the planner can tell a node whose SMT
+siblings were switched off at runtime (they come back at the next boot) from
+one booted without them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .cpulist import format_cpulist, parse_cpulist, parse_isolcpus, split_cmdline
 from .errors import CpupoolsError, TopologyError
 from .locality import (
     CPU_DIR,
     NODE_DIR,
+    cache_domain,
     l3_domain,
     node_of_cpus,
     parse_distances,
+    read_l2,
     read_l3,
     read_node_cpus,
     read_node_distances,
@@ -44,6 +59,20 @@ _NODE_RE = re.compile(r"^node(\d+)$")
 #: ``files`` keys of ``read_cpu_tree`` for a CPU's L3 (``cpu/cpuN/`` + these).
 L3_SHARED = "cache/l3/shared_cpu_list"
 L3_ID = "cache/l3/id"
+L2_SHARED = "cache/l2/shared_cpu_list"
+L2_ID = "cache/l2/id"
+CAPACITY = "cpu_capacity"
+SMT_CONTROL = f"{CPU_DIR}/smt/control"
+SMT_ACTIVE = f"{CPU_DIR}/smt/active"
+#: The hybrid PMUs' CPU lists (Intel: P cores ``cpu_core``, E cores ``cpu_atom``).
+HYBRID_PMUS = {"performance": "sys/devices/cpu_core/cpus", "efficiency": "sys/devices/cpu_atom/cpus"}
+PERFORMANCE = "performance"
+EFFICIENCY = "efficiency"
+CORE_TYPES = (PERFORMANCE, EFFICIENCY)
+#: Where only ``cpu_capacity`` tells core types apart (arm64), a CPU with at
+#: least this share of the largest capacity is a performance core (big and
+#: "prime" cores alike); below it, an efficiency (LITTLE) core.
+PERFORMANCE_CAPACITY_SHARE = 0.75
 _TOPOLOGY_FILES = ("physical_package_id", "die_id", "core_id", "thread_siblings_list", "core_cpus_list")
 
 
@@ -58,6 +87,12 @@ class Cpu:
     base_frequency_khz: int | None = None
     #: L3 cache domain id; ``None`` where sysfs shows no level-3 cache.
     l3: int | None = None
+    #: L2 cache domain id; ``None`` where sysfs shows neither an L2 nor a cluster.
+    l2: int | None = None
+    #: ``performance`` or ``efficiency`` on a hybrid node; ``None`` where all cores are alike.
+    core_type: str | None = None
+    #: ``cpu_capacity`` where the kernel has it (arm64), else ``None``.
+    capacity: int | None = None
 
 
 @dataclass(frozen=True)
@@ -71,6 +106,8 @@ class Core:
     core_id: int
     cpus: tuple[int, ...]
     l3: int | None = None
+    l2: int | None = None
+    core_type: str | None = None
 
     @property
     def first(self) -> int:
@@ -99,6 +136,14 @@ class Topology:
     kernel: KernelArgs = field(default_factory=KernelArgs)
     #: NUMA node -> its row of the distance table (one entry per node, ascending).
     numa_distances: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    #: CPUs the firmware shows (``present``) and those the kernel could ever run (``possible``);
+    #: empty where the files are missing (older fixture trees): then ``online + offline``.
+    present: tuple[int, ...] = ()
+    possible: tuple[int, ...] = ()
+    #: ``smt/control`` (``on``, ``off``, ``forceoff``, ``notsupported``, ``notimplemented``,
+    #: or a thread count) and ``smt/active``; ``None`` where the kernel has no SMT control.
+    smt_control: str | None = None
+    smt_active: bool | None = None
     cores: list[Core] = field(init=False)
     sockets: list[int] = field(init=False)
 
@@ -118,6 +163,8 @@ class Topology:
                 core_id=groups[s].core_id,
                 cpus=s,
                 l3=groups[s].l3,
+                l2=groups[s].l2,
+                core_type=groups[s].core_type,
             )
             for i, s in enumerate(ordered)
         ]
@@ -126,6 +173,10 @@ class Topology:
             if core.socket not in self.sockets:
                 self.sockets.append(core.socket)
         self._core_of = {cpu: core for core in self.cores for cpu in core.cpus}
+        if not self.present:
+            self.present = tuple(sorted({*self.cpus, *self.offline}))
+        if not self.possible:
+            self.possible = self.present
 
     def _check_siblings(self) -> None:
         for cpu in self.cpus.values():
@@ -139,9 +190,14 @@ class Topology:
                     raise TopologyError(
                         f"cpu{cpu.id}: sibling cpu{other} is not online; sysfs topology is inconsistent"
                     )
-                if peer.siblings != cpu.siblings or peer.socket != cpu.socket or peer.node != cpu.node:
+                if (
+                    peer.siblings != cpu.siblings
+                    or peer.socket != cpu.socket
+                    or peer.node != cpu.node
+                    or peer.core_type != cpu.core_type
+                ):
                     raise TopologyError(
-                        f"cpu{cpu.id} and cpu{other} disagree on their siblings, socket or NUMA node "
+                        f"cpu{cpu.id} and cpu{other} disagree on their siblings, socket, NUMA node or core type "
                         f"({format_cpulist(cpu.siblings)} vs {format_cpulist(peer.siblings)})"
                     )
 
@@ -178,6 +234,59 @@ class Topology:
                 domains.setdefault(l3, []).append(cpu_id)
         return dict(sorted(domains.items()))
 
+    @property
+    def l2_modules(self) -> dict[int, list[int]]:
+        """L2 domain id -> its online CPUs, for the L2s shared by more than one core (E-core modules)."""
+        domains: dict[int, list[int]] = {}
+        for core in self.cores:
+            if core.l2 is not None:
+                domains.setdefault(core.l2, []).extend(core.cpus)
+        return {d: sorted(cpus) for d, cpus in sorted(domains.items()) if len(cpus) > 1 and not self._one_core(cpus)}
+
+    def _one_core(self, cpus: list[int]) -> bool:
+        return len({self.core_of(c).index for c in cpus}) == 1
+
+    @property
+    def core_types(self) -> dict[str, list[int]]:
+        """``performance`` / ``efficiency`` -> online CPUs; empty on a node whose cores are all alike."""
+        out: dict[str, list[int]] = {}
+        for cpu_id in sorted(self.cpus):
+            kind = self.cpus[cpu_id].core_type
+            if kind is not None:
+                out.setdefault(kind, []).append(cpu_id)
+        return {kind: out[kind] for kind in CORE_TYPES if kind in out}
+
+    @property
+    def hybrid(self) -> bool:
+        return len(self.core_types) > 1
+
+    def half_cores(self) -> list[Core]:
+        """Online cores that lack a thread their kind of core has: one sibling is offline.
+
+        Only where CPUs are offline (an offline CPU has no ``topology/``, so its
+        core is known only by what is missing from the others); compared
+        within a core type, since a hybrid's E cores have one thread by design.
+        """
+        if not self.offline:
+            return []
+        most: dict[str | None, int] = {}
+        for core in self.cores:
+            most[core.core_type] = max(most.get(core.core_type, 0), len(core.cpus))
+        return [core for core in self.cores if len(core.cpus) < most[core.core_type]]
+
+    def smt_switched_off(self) -> bool:
+        """SMT was switched off at runtime: the next boot brings the siblings back.
+
+        ``smt/control`` says ``off`` or ``forceoff`` (or a thread count of 1)
+        while CPUs are offline, and the kernel command line has no ``nosmt``
+        that would keep them off at boot.
+        """
+        control = (self.smt_control or "").strip()
+        off = control in ("off", "forceoff") or control == "1"
+        if not off or not self.offline:
+            return False
+        return not any(key == "nosmt" for key, _ in split_cmdline(self.kernel.cmdline))
+
     def nodes_on(self, socket: int) -> list[int]:
         """NUMA nodes of ``socket``'s cores, ordered by their lowest CPU id."""
         out: list[int] = []
@@ -190,13 +299,19 @@ class Topology:
     def sst_bf_cpus(self) -> list[int]:
         """CPUs whose base frequency is above the lowest (SST-BF high priority).
 
-        Empty when any online CPU lacks ``base_frequency`` or all are equal.
+        Empty when any online CPU lacks ``base_frequency`` or all are equal. On
+        a hybrid node only the P cores are compared among themselves: P and E
+        cores have different base frequencies by design (intel_pstate scales
+        them differently), which is not SST-BF.
         """
-        freqs = [cpu.base_frequency_khz for cpu in self.cpus.values()]
+        cpus = list(self.cpus.values())
+        if self.hybrid:
+            cpus = [cpu for cpu in cpus if cpu.core_type == PERFORMANCE]
+        freqs = [cpu.base_frequency_khz for cpu in cpus]
         if not freqs or any(f is None for f in freqs):
             return []
         p1 = min(freqs)  # type: ignore[type-var]
-        return sorted(cpu.id for cpu in self.cpus.values() if cpu.base_frequency_khz > p1)  # type: ignore[operator]
+        return sorted(cpu.id for cpu in cpus if cpu.base_frequency_khz > p1)  # type: ignore[operator]
 
     def sst_bf_cores(self) -> set[int]:
         """Indexes of cores all of whose threads are SST-BF high priority."""
@@ -229,16 +344,24 @@ class Topology:
                     "siblings": format_cpulist(cpu.siblings),
                     "base_frequency_khz": cpu.base_frequency_khz,
                     "l3": cpu.l3,
+                    "l2": cpu.l2,
+                    "core_type": cpu.core_type,
+                    "capacity": cpu.capacity,
                 }
                 for cpu in (self.cpus[i] for i in sorted(self.cpus))
             ],
             "online": format_cpulist(self.cpus),
             "offline": format_cpulist(self.offline),
+            "present": format_cpulist(self.present),
+            "possible": format_cpulist(self.possible),
+            "smt": {"control": self.smt_control, "active": self.smt_active},
             "sockets": socket_facts,
             "socket_order": list(self.sockets),
             "numa_nodes": {str(n): format_cpulist(cpus) for n, cpus in self.numa_nodes.items()},
             "numa_distances": {str(n): list(row) for n, row in sorted(self.numa_distances.items())},
             "l3_domains": {str(d): format_cpulist(cpus) for d, cpus in self.l3_domains.items()},
+            "l2_modules": {str(d): format_cpulist(cpus) for d, cpus in self.l2_modules.items()},
+            "core_types": {kind: format_cpulist(cpus) for kind, cpus in self.core_types.items()},
             "cores": len(self.cores),
             "threads_per_core": self.threads_per_core,
             "kernel": {
@@ -276,6 +399,9 @@ class Topology:
                     siblings=tuple(parse_cpulist(item["siblings"], f"siblings of cpu{item['id']}")),
                     base_frequency_khz=item.get("base_frequency_khz"),
                     l3=None if item.get("l3") is None else int(item["l3"]),
+                    l2=None if item.get("l2") is None else int(item["l2"]),
+                    core_type=_core_type(item.get("core_type")),
+                    capacity=None if item.get("capacity") is None else int(item["capacity"]),
                 )
                 cpus[cpu.id] = cpu
             distances = {
@@ -300,6 +426,11 @@ class Topology:
                 nohz_full_active=tuple(parse_cpulist(kernel.get("nohz_full_active", ""), "nohz_full")),
             )
             offline = tuple(parse_cpulist(facts.get("offline", ""), "offline"))
+            present = tuple(parse_cpulist(facts.get("present") or "", "present"))
+            possible = tuple(parse_cpulist(facts.get("possible") or "", "possible"))
+            smt = facts.get("smt") or {}
+            smt_control = None if smt.get("control") is None else str(smt["control"])
+            smt_active = None if smt.get("active") is None else bool(smt["active"])
         except CpupoolsError:
             raise
         except (KeyError, TypeError, ValueError) as exc:
@@ -308,7 +439,24 @@ class Topology:
             ) from None
         if not cpus:
             raise TopologyError("topology facts list no online CPU")
-        return cls(cpus=cpus, offline=offline, kernel=kargs, numa_distances=distances)
+        return cls(
+            cpus=cpus,
+            offline=offline,
+            kernel=kargs,
+            numa_distances=distances,
+            present=present,
+            possible=possible,
+            smt_control=smt_control,
+            smt_active=smt_active,
+        )
+
+
+def _core_type(value: object) -> str | None:
+    if value is None:
+        return None
+    if value not in CORE_TYPES:
+        raise TopologyError(f"core type {value!r} is not one of {', '.join(CORE_TYPES)}")
+    return str(value)
 
 
 def parse_kernel_cmdline(
@@ -368,8 +516,9 @@ def build_topology(files: Mapping[str, str | None]) -> Topology:
     to their text, or ``None`` for a file that does not exist; the special key
     ``"nodes/<cpu>"`` holds the NUMA node of a CPU (from ``nodeN/cpulist`` or
     its ``nodeN`` link), ``cpu/cpuN/cache/l3/{shared_cpu_list,id}`` its L3
-    cache as ``locality.read_l3`` found it, and ``node/nodeN/distance`` the
-    distance rows.
+    cache as ``locality.read_l3`` found it (``cache/l2/...`` its L2 as
+    ``locality.read_l2`` found it), and ``node/nodeN/distance`` the distance
+    rows.
     """
     base = CPU_DIR
     cpu_ids = sorted(int(k.split("/")[-1]) for k in files if k.startswith("cpus/"))
@@ -380,9 +529,19 @@ def build_topology(files: Mapping[str, str | None]) -> Topology:
     else:
         online = {c for c in cpu_ids if (files.get(f"{base}/cpu{c}/online") or "1").strip() == "1"}
     offline = sorted(possible - online)
+    limit = max(possible, default=0) + 1
+    core_types = _core_types(files, online & possible, limit)
     cpus = {}
     freqs = {}
     l3_members: dict[int, tuple[int, ...]] = {}
+    # read_cpu_tree reads the L2 of one CPU per domain: the others take it from there.
+    l2_of: dict[int, int] = {}
+    for cpu_id in sorted(online & possible):
+        shared = files.get(f"{base}/cpu{cpu_id}/{L2_SHARED}")
+        l2 = cache_domain(cpu_id, shared, files.get(f"{base}/cpu{cpu_id}/{L2_ID}"), "L2")
+        if l2 is not None:
+            for member in l2[1]:
+                l2_of.setdefault(member, l2[0])
     for cpu_id in sorted(online & possible):
         path = f"{base}/cpu{cpu_id}/topology"
         siblings_text = files.get(f"{path}/thread_siblings_list")
@@ -403,6 +562,7 @@ def build_topology(files: Mapping[str, str | None]) -> Topology:
                     f"L3 cache {l3[0]} is shared by CPUs {format_cpulist(known)} according to one CPU and by "
                     f"{format_cpulist(members)} according to cpu{cpu_id}; sysfs cache information is inconsistent"
                 )
+        capacity = files.get(f"{base}/cpu{cpu_id}/{CAPACITY}")
         cpus[cpu_id] = Cpu(
             id=cpu_id,
             socket=_int(files.get(f"{path}/physical_package_id"), f"{path}/physical_package_id"),
@@ -412,9 +572,14 @@ def build_topology(files: Mapping[str, str | None]) -> Topology:
             siblings=siblings,
             base_frequency_khz=freqs.get(cpu_id),
             l3=None if l3 is None else l3[0],
+            l2=l2_of.get(cpu_id),
+            core_type=core_types.get(cpu_id),
+            capacity=None if capacity is None else _int(capacity, f"{base}/cpu{cpu_id}/{CAPACITY}"),
         )
     if not cpus:
         raise TopologyError(f"no online CPU found under {base}")
+    if not core_types:
+        cpus = _capacity_types(cpus)
     kernel = parse_kernel_cmdline(
         files.get(CMDLINE) or "",
         files.get(f"{base}/isolated") or "",
@@ -423,7 +588,59 @@ def build_topology(files: Mapping[str, str | None]) -> Topology:
     )
     prefix = f"{NODE_DIR}/node"
     rows = {int(k[len(prefix) : -len("/distance")]): v for k, v in files.items() if k.startswith(prefix)}
-    return Topology(cpus=cpus, offline=tuple(offline), kernel=kernel, numa_distances=parse_distances(rows))
+    smt_active = files.get(SMT_ACTIVE)
+    return Topology(
+        cpus=cpus,
+        offline=tuple(offline),
+        kernel=kernel,
+        numa_distances=parse_distances(rows),
+        present=_cpu_file(files, f"{base}/present", limit),
+        possible=_cpu_file(files, f"{base}/possible", limit),
+        smt_control=(files.get(SMT_CONTROL) or "").strip() or None,
+        smt_active=None if smt_active is None else smt_active.strip() == "1",
+    )
+
+
+def _cpu_file(files: Mapping[str, str | None], key: str, limit: int) -> tuple[int, ...]:
+    """A CPU list file (``present``, ``possible``); ``()`` where it is missing."""
+    text = files.get(key)
+    if text is None:
+        return ()
+    # possible can name CPUs past the last one with a directory (hotplug slots of a VM).
+    return tuple(parse_cpulist(text, key, limit=max(limit, 1 << 16)))
+
+
+def _core_types(files: Mapping[str, str | None], online: set[int], limit: int) -> dict[int, str]:
+    """CPU -> ``performance``/``efficiency`` from the hybrid PMUs' CPU lists; ``{}`` on a homogeneous node."""
+    lists = {kind: files.get(path) for kind, path in HYBRID_PMUS.items()}
+    if any(text is None for text in lists.values()):
+        return {}
+    out: dict[int, str] = {}
+    for kind, text in lists.items():
+        for cpu in parse_cpulist(text or "", HYBRID_PMUS[kind], limit=limit):
+            if cpu in out:
+                raise TopologyError(f"cpu{cpu} is in both {HYBRID_PMUS['performance']} and {HYBRID_PMUS['efficiency']}")
+            out[cpu] = kind
+    missing = sorted(online - set(out))
+    if missing and out:
+        raise TopologyError(
+            f"CPUs {format_cpulist(missing)} are in neither {HYBRID_PMUS['performance']} nor "
+            f"{HYBRID_PMUS['efficiency']}; the hybrid core types are inconsistent"
+        )
+    return out if len({out[c] for c in online if c in out}) > 1 else {}
+
+
+def _capacity_types(cpus: dict[int, Cpu]) -> dict[int, Cpu]:
+    """Core types from ``cpu_capacity`` (arm64 big.LITTLE) where every CPU has one and they differ."""
+    caps = [cpu.capacity for cpu in cpus.values()]
+    if not caps or any(c is None for c in caps) or len(set(caps)) == 1:
+        return cpus
+    top = max(caps)  # type: ignore[type-var]
+    out = {}
+    for cpu_id, cpu in cpus.items():
+        kind = PERFORMANCE if cpu.capacity >= PERFORMANCE_CAPACITY_SHARE * top else EFFICIENCY  # type: ignore[operator]
+        out[cpu_id] = replace(cpu, core_type=kind)
+    return out
 
 
 def read_cpu_tree(root: str = "/") -> dict[str, str | None]:
@@ -436,7 +653,10 @@ def read_cpu_tree(root: str = "/") -> dict[str, str | None]:
     files: dict[str, str | None] = {}
     for name in ("online", "offline", "present", "possible", "isolated", "nohz_full"):
         files[f"{CPU_DIR}/{name}"] = read_text(os.path.join(cpu_dir, name))
+    for key in (SMT_CONTROL, SMT_ACTIVE, *HYBRID_PMUS.values()):
+        files[key] = read_text(os.path.join(root, key))
     files[CMDLINE] = read_text(os.path.join(root, CMDLINE))
+    l2_read: set[int] = set()
     node_of = node_of_cpus(read_node_cpus(root))
     for node, row in read_node_distances(root).items():
         files[f"{NODE_DIR}/node{node}/distance"] = row
@@ -453,6 +673,13 @@ def read_cpu_tree(root: str = "/") -> dict[str, str | None]:
             files[f"{rel}/topology/{topo}"] = read_text(os.path.join(path, "topology", topo))
         files[f"{rel}/cpufreq/base_frequency"] = read_text(os.path.join(path, "cpufreq", "base_frequency"))
         files[f"{rel}/{L3_SHARED}"], files[f"{rel}/{L3_ID}"] = read_l3(root, cpu)
+        files[f"{rel}/{CAPACITY}"] = read_text(os.path.join(path, CAPACITY))
+        if cpu not in l2_read:  # one CPU per L2: a core's siblings and a module's cores share it
+            shared, ident = read_l2(root, cpu)
+            files[f"{rel}/{L2_SHARED}"], files[f"{rel}/{L2_ID}"] = shared, ident
+            if shared is not None:
+                with contextlib.suppress(CpupoolsError):  # build_topology reports it
+                    l2_read.update(parse_cpulist(shared, f"{rel} L2 shared_cpu_list"))
         if cpu not in node_of:
             for link in _list(path):
                 nm = _NODE_RE.match(link)
