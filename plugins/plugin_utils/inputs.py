@@ -11,6 +11,7 @@ import os
 
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.module_utils.errors import UnsupportedError
+from ansible.utils.display import Display
 
 PREFIX = "cpupools_"
 
@@ -46,7 +47,34 @@ def run_plan_module(action, module_name, args, task_vars):
     """
     result = action._execute_module(module_name=module_name, module_args=args, task_vars=task_vars)
     refusal = None if result.get("failed") else controller_refusal(args.get("host"), result.get("inputs"))
-    return {"failed": True, "changed": False, "msg": refusal} if refusal else result
+    if refusal:
+        return {"failed": True, "changed": False, "msg": refusal}
+    line = kubelet_line(args.get("host"), result)
+    if line:
+        Display().display(line)
+    return result
+
+
+def kubelet_line(host, result):
+    """One line, before any stage writes, on a kubelet node whose kernel stage has work: what pods can use.
+
+    ``None`` for another runtime, a failed or converged host (a converged
+    re-run stays quiet), or a plan without the kubelet's numbers.
+    """
+    plan = result.get("plan") or {}
+    kubelet = plan.get("kubelet") or {}
+    if result.get("failed") or plan.get("runtime") != "kubelet" or not kubelet.get("config"):
+        return None
+    if "kernel" in (result.get("converged") or []):
+        return None
+    total = sum((plan.get("cpu_counts") or {}).values())
+    nodes = plan.get("numa") or {}
+    reserved = kubelet["config"].get("reservedSystemCPUs", "")
+    where = f"host {host}: " if host else ""
+    return (
+        f"{where}kubelet {kubelet.get('version')}: pods can use {plan.get('allocatable_cpus')} of {total} CPUs; "
+        f"reservedSystemCPUs {reserved} (the housekeeping CPUs of {len(nodes)} NUMA node(s))"
+    )
 
 
 def checked_args(args, spec, what):

@@ -67,9 +67,12 @@ def nps4(host_input):
 def test_numa_table_names_each_node_its_l3_domains_pools_and_distances(nps4):
     text = render_text([nps4])
     header = next(line for line in text.splitlines() if line.startswith("  numa "))
-    columns = ["numa", "socket", "cores", "cpus", "cpulist", "l3", "exclusive", "shared", "infra", "distances"]
-    assert header.split() == columns
+    columns = ["numa", "socket", "cores", "cpus", "cpulist", "l3", "housekeeping"]
+    assert header.split() == [*columns, "exclusive", "shared", "infra", "distances"]
     table = rows(text, "numa ")
+    # Each node's housekeeping: its first core (one thread per 32 of its 32 threads).
+    assert [r[6] for r in table] == ["0,64", "16,80", "32,96", "48,112"]
+    table = [r[:6] + r[7:] for r in table]
     # Hand-checked: node n holds cores 16n..16n+15 (CPUs c and c+64), L3 domains 2n and 2n+1.
     assert [r[:6] for r in table] == [
         ["0", "0", "16", "32", "0-15,64-79", "0-1"],
@@ -147,7 +150,17 @@ def test_old_facts_without_numa_keys_show_no_l3(host_input):
         cpu.pop("l3", None)
     text = render_text([entry])
     header = next(line for line in text.splitlines() if line.startswith("  numa "))
-    assert header.split() == ["numa", "socket", "cores", "cpus", "cpulist", "exclusive", "shared", "infra"]
+    assert header.split() == [
+        "numa",
+        "socket",
+        "cores",
+        "cpus",
+        "cpulist",
+        "housekeeping",
+        "exclusive",
+        "shared",
+        "infra",
+    ]
     assert not re.search(r"^  l3 ", text, re.M)
     page = render_html([entry])
     assert 'class="l3"' not in page and "L3" not in page and "distances" not in page

@@ -635,6 +635,11 @@ def _generate(topo: Topology, req: PlanRequest) -> _Layout:
             f"have an offline sibling (offline: {format_cpulist(topo.offline)}): the sibling comes back at the next "
             "boot, so these cores stay out of the isolated pools"
         )
+    elif topo.offline and (topo.smt_control or "").strip() in ("off", "forceoff"):
+        # booted with nosmt (smt_switched_off refused the other case): the siblings stay off
+        layout.notes.append(
+            f"SMT is off (nosmt on the kernel command line): CPUs {format_cpulist(topo.offline)} stay offline at boot"
+        )
     elif topo.offline:
         layout.warnings.append(
             f"CPUs {format_cpulist(topo.offline)} are offline: the plan is for the CPUs online now, and offline CPUs "

@@ -182,6 +182,7 @@ class NumaRow:
     l3: str  # compressed list of its L3 domain ids, "" when unknown
     pools: dict[str, int]  # pool -> physical cores of the pool on this node
     distances: str  # "10 21", "" when unknown
+    housekeeping: str = ""  # the node's housekeeping (reserved) CPUs, "-" when the plan does not say
 
 
 @dataclass
@@ -222,6 +223,13 @@ class HostView:
     host: str
     summary: str = ""
     mode: str | None = None
+    runtime: str | None = None
+    #: What the runtime gives workloads, in its terms (the kubelet: allocatable CPUs, reservedSystemCPUs).
+    workloads: str = ""
+    housekeeping: str = ""
+    core_types: str = ""  # "P 0-11 (6 cores), E 12-19 (8 cores)" on a hybrid node
+    cpu_states: str = ""  # offline, present and possible CPUs where they differ from online
+    notes: list[str] = field(default_factory=list)
     sockets: list[SocketView] = field(default_factory=list)
     offline: list[int] = field(default_factory=list)
     pools: list[PoolRow] = field(default_factory=list)
@@ -248,7 +256,13 @@ class HostView:
 
     @property
     def subtitle(self) -> str:
-        return "; ".join(d for d in (self.summary, f"mode {self.mode}" if self.mode else "") if d)
+        return "; ".join(self.details)
+
+    @property
+    def details(self) -> list[str]:
+        mode = f"mode {self.mode} ({MODE_WORDS.get(self.mode, self.mode)})" if self.mode else ""
+        runtime = f"runtime {self.runtime}" if self.runtime else ""
+        return [d for d in (self.summary, mode, runtime) if d]
 
     @property
     def pending(self) -> bool:
@@ -374,11 +388,15 @@ def analyse_host(entry: Mapping) -> HostView:
         view.stranded = format_cpulist(stranded) or "none"
         view.isolated_planned = format_cpulist(planned_iso)
         view.warnings = [str(w) for w in plan.get("warnings") or []]
+        view.notes = [str(n) for n in plan.get("notes") or []]
+        _runtime(view, plan, len(cpu_pool))
     active_iso: list[int] | None = None
     if topo is not None:
         active_iso = list(topo.kernel.isolated_active)
         view.isolated_active = format_cpulist(active_iso)
         view.offline = list(topo.offline)
+        view.core_types = _core_types(topo)
+        view.cpu_states = _cpu_states(topo)
         view.summary = (
             f"{_plural(len(topo.sockets), 'socket')}, {_plural(len(topo.cores), 'core')}, "
             f"{_plural(len(topo.cpus), 'CPU')} online ({topo.threads_per_core} per core)"
@@ -406,13 +424,76 @@ def analyse_host(entry: Mapping) -> HostView:
     if topo is not None and facts is not None:
         l3_of = _l3_of(facts, topo)
         _picture(view, topo, cpu_pool if plan else {}, to_isolate, to_release, busy, l3_of)
-        _numa_rows(view, topo, cpu_pool if plan else {}, l3_of, _distances(facts))
+        reserved = plan.get("reserved_cpus") if plan else None
+        reserved_cpus = None if reserved is None else set(_cpus(reserved, "reserved_cpus", "plan"))
+        _numa_rows(view, topo, cpu_pool if plan else {}, l3_of, _distances(facts), reserved_cpus)
         _l3_rows(view, topo, cpu_pool if plan else {}, l3_of)
     planned_pages = entry.get("hugepages")
     if planned_pages is None and plan:
         planned_pages = plan.get("hugepages")
     _hugepages(view, planned_pages, facts.get("hugepages") if facts else None)
     return view
+
+
+#: The plan's modes in an operator's words.
+MODE_WORDS = {
+    "generate": "cpupools chose the isolated CPUs",
+    "adopt": "kept the isolcpus set by hand, pools as CMK computed them",
+}
+
+
+def _runtime(view: HostView, plan: Mapping, planned: int) -> None:
+    """The runtime, what it gives workloads and keeps for housekeeping (plans before issue 25 have no runtime)."""
+    runtime = plan.get("runtime")
+    if runtime is None:
+        return
+    view.runtime = str(runtime)
+    reserved = _cpus(plan.get("reserved_cpus"), "reserved_cpus", "plan")
+    view.housekeeping = f"{format_cpulist(reserved) or 'none'} ({_plural(len(reserved), 'CPU')})"
+    allocatable = plan.get("allocatable_cpus")
+    if view.runtime == "kubelet":
+        kubelet = plan.get("kubelet") if isinstance(plan.get("kubelet"), Mapping) else {}
+        config = kubelet.get("config") if isinstance(kubelet.get("config"), Mapping) else {}
+        options = ", ".join(sorted(config.get("cpuManagerPolicyOptions") or {})) or "none"
+        version = kubelet.get("version")
+        view.workloads = (
+            f"pods can use {allocatable} of {planned} CPUs: reservedSystemCPUs is the housekeeping CPUs, the kubelet "
+            f"hands out every other CPU whole to Guaranteed pods and shares the rest; options {options}"
+            + (f" (kubelet {version}{'' if kubelet.get('version_known') else ', assumed'})" if version else "")
+        )
+    elif view.runtime == "cmk":
+        view.workloads = f"cmk isolate hands out the exclusive pools; {allocatable} CPUs outside housekeeping"
+    else:
+        view.workloads = f"{view.runtime} reserves the housekeeping CPUs; {allocatable} CPUs are its to give out"
+
+
+def _core_types(topo: Topology) -> str:
+    types = topo.core_types
+    if len(types) < 2:
+        return ""
+    short = {"performance": "P", "efficiency": "E"}
+    parts = []
+    for kind, cpus in types.items():
+        cores = len({topo.core_of(c).index for c in cpus})
+        parts.append(f"{short.get(kind, kind)} {format_cpulist(cpus)} ({_plural(cores, 'core')})")
+    return ", ".join(parts)
+
+
+def _cpu_states(topo: Topology) -> str:
+    """Offline, present and possible CPUs, said only where they differ from the online ones."""
+    online = set(topo.cpus)
+    parts = []
+    if topo.offline:
+        parts.append(f"offline {format_cpulist(topo.offline)}")
+    if set(topo.present) != online | set(topo.offline):
+        parts.append(f"present {format_cpulist(topo.present)}")
+    if set(topo.possible) - set(topo.present):
+        parts.append(f"possible {format_cpulist(topo.possible)} ({len(set(topo.possible) - set(topo.present))} absent)")
+    if topo.smt_control and topo.smt_control not in ("on", "notsupported", "notimplemented"):
+        parts.append(
+            f"SMT {topo.smt_control}" + (" at runtime (back at the next boot)" if topo.smt_switched_off() else "")
+        )
+    return "; ".join(parts)
 
 
 def _kernel(view: HostView, kernel: Mapping | None, differs: bool) -> None:
@@ -698,8 +779,9 @@ def _numa_rows(
     cpu_pool: Mapping[int, str],
     l3_of: Mapping[int, int],
     distances: Mapping[int, str],
+    reserved: set[int] | None = None,
 ) -> None:
-    """One row per NUMA node: where it is, what it holds, how far the others are."""
+    """One row per NUMA node: where it is, what it holds (its housekeeping CPUs too), how far the others are."""
     view.numa_pools = _ordered_pools(set(cpu_pool.values()))
     for node, cpus in sorted(topo.numa_nodes.items()):
         view.numa.append(
@@ -712,6 +794,7 @@ def _numa_rows(
                 l3=_ids({l3_of[c] for c in cpus if c in l3_of}),
                 pools=_cores_per_pool(topo, cpus, cpu_pool),
                 distances=distances.get(node, ""),
+                housekeeping="-" if reserved is None else (format_cpulist(set(cpus) & reserved) or "none"),
             )
         )
 
@@ -891,7 +974,7 @@ def _table(rows: Sequence[Sequence[str]], right: Iterable[int] = ()) -> list[str
 def host_lines(view: HostView) -> list[str]:
     """The text block of one host."""
     head = f"== {view.host} [{view.status}]"
-    details = [d for d in (view.summary, f"mode {view.mode}" if view.mode else "") if d]
+    details = view.details
     lines = [head + (": " + "; ".join(details) if details else "")]
     if view.pools:
         rows = [("pool", "socket", "cores", "cpus", "cpulist", "in use")]
@@ -913,6 +996,14 @@ def host_lines(view: HostView) -> list[str]:
         changes.append(f"-{view.to_release} to release")
     if changes:
         iso += f" ({', '.join(changes)} at next boot)" if view.reboot_required else f" ({', '.join(changes)})"
+    for title, value in (
+        ("housekeeping", view.housekeeping),
+        ("workloads", view.workloads),
+        ("core types", view.core_types),
+        ("CPUs", view.cpu_states),
+    ):
+        if value:
+            lines.append(label(title) + value)
     lines.append(label("isolated CPUs") + iso)
     lines.append(label("kernel") + view.kernel)
     if view.resources:
@@ -934,6 +1025,8 @@ def host_lines(view: HostView) -> list[str]:
             lines.append(label(title) + "none")
         for i, item in enumerate(items):
             lines.append(label(title if i == 0 else "") + item)
+    for i, item in enumerate(view.notes):
+        lines.append(label("notes" if i == 0 else "") + item)
     return lines
 
 
@@ -943,15 +1036,19 @@ def numa_lines(view: HostView) -> list[str]:
         return []
     known_l3 = any(r.l3 for r in view.numa)
     known_dist = any(r.distances for r in view.numa)
-    head = ["numa", "socket", "cores", "cpus", "cpulist"] + (["l3"] if known_l3 else []) + view.numa_pools
+    known_hk = any(r.housekeeping not in ("", "-") for r in view.numa)
+    head = ["numa", "socket", "cores", "cpus", "cpulist"] + (["l3"] if known_l3 else [])
+    head += (["housekeeping"] if known_hk else []) + view.numa_pools
     head += ["distances"] if known_dist else []
     rows = [head]
     for r in view.numa:
         row = [str(r.node), r.sockets, str(r.cores), str(r.cpus), r.cpulist] + ([r.l3 or "-"] if known_l3 else [])
+        row += [r.housekeeping] if known_hk else []
         row += [str(r.pools.get(pool, 0)) for pool in view.numa_pools]
         row += [r.distances or "-"] if known_dist else []
         rows.append(row)
-    counts = [2, 3, *range(5 + known_l3, 5 + known_l3 + len(view.numa_pools))]
+    first = 5 + known_l3 + known_hk
+    counts = [2, 3, *range(first, first + len(view.numa_pools))]
     lines = ["  " + line for line in _table(rows, right=counts)]
     if view.l3:
         rows = [["l3", "numa", "cores", "cpus", "cpulist", "pools (cores)"]]

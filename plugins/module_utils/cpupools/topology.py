@@ -173,6 +173,14 @@ class Topology:
             if core.socket not in self.sockets:
                 self.sockets.append(core.socket)
         self._core_of = {cpu: core for core in self.cores for cpu in core.cpus}
+        types: dict[str, list[int]] = {}
+        for cpu_id in sorted(self.cpus):
+            kind = self.cpus[cpu_id].core_type
+            if kind is not None:
+                types.setdefault(kind, []).append(cpu_id)
+        # Asked per core while planning: computed once.
+        self._core_types = {kind: types[kind] for kind in CORE_TYPES if kind in types}
+        self._l2_modules: dict[int, list[int]] | None = None
         if not self.present:
             self.present = tuple(sorted({*self.cpus, *self.offline}))
         if not self.possible:
@@ -237,11 +245,15 @@ class Topology:
     @property
     def l2_modules(self) -> dict[int, list[int]]:
         """L2 domain id -> its online CPUs, for the L2s shared by more than one core (E-core modules)."""
-        domains: dict[int, list[int]] = {}
-        for core in self.cores:
-            if core.l2 is not None:
-                domains.setdefault(core.l2, []).extend(core.cpus)
-        return {d: sorted(cpus) for d, cpus in sorted(domains.items()) if len(cpus) > 1 and not self._one_core(cpus)}
+        if self._l2_modules is None:
+            domains: dict[int, list[int]] = {}
+            for core in self.cores:
+                if core.l2 is not None:
+                    domains.setdefault(core.l2, []).extend(core.cpus)
+            self._l2_modules = {
+                d: sorted(cpus) for d, cpus in sorted(domains.items()) if len(cpus) > 1 and not self._one_core(cpus)
+            }
+        return self._l2_modules
 
     def _one_core(self, cpus: list[int]) -> bool:
         return len({self.core_of(c).index for c in cpus}) == 1
@@ -249,12 +261,7 @@ class Topology:
     @property
     def core_types(self) -> dict[str, list[int]]:
         """``performance`` / ``efficiency`` -> online CPUs; empty on a node whose cores are all alike."""
-        out: dict[str, list[int]] = {}
-        for cpu_id in sorted(self.cpus):
-            kind = self.cpus[cpu_id].core_type
-            if kind is not None:
-                out.setdefault(kind, []).append(cpu_id)
-        return {kind: out[kind] for kind in CORE_TYPES if kind in out}
+        return self._core_types
 
     @property
     def hybrid(self) -> bool:
