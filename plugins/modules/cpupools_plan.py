@@ -73,12 +73,15 @@ options:
     type: raw
   infra_cores:
     description:
-      - Cores kept for the host and Kubernetes. An integer is a number of cores
-        per socket (the first cores of each socket, which always includes the core
-        of CPU 0); a cpulist names the cores.
-      - Cores not in any other pool join the infra pool as well.
+      - Housekeeping cores, kept for the host and Kubernetes on every NUMA node.
+        C(auto) keeps one thread per 32 of each NUMA node's threads, in whole
+        cores, at least one core; an integer is a number of cores per NUMA node;
+        a mapping NUMA node -> cores (or C(auto)) sets single nodes, the others
+        C(auto); a cpulist names the cores. The core of CPU 0 comes first.
+      - Cores not in any other pool join the infra pool as well (with O(runtime=kubelet)
+        they are the kubelet's).
     type: raw
-    default: 1
+    default: auto
   isolcpus_source:
     description: C(generate) or C(adopt).
     type: str
@@ -90,10 +93,23 @@ options:
     type: raw
     default: auto
   isolated_pools:
-    description: Pools whose CPUs are isolated (in C(generate) mode).
-    type: list
-    elements: str
-    default: [exclusive, shared]
+    description:
+      - Pools whose CPUs are isolated (in C(generate) mode), a list of C(exclusive) and C(shared).
+      - C(auto) is both, but C(exclusive) only for the C(nri-topology-aware) and C(kubelet) runtimes.
+    type: raw
+    default: auto
+  runtime:
+    description:
+      - How exclusive CPUs reach workloads; the plan is read in its terms. With C(kubelet) the
+        housekeeping cores are the reserved ones and every other CPU is one pool, C(exclusive).
+    type: str
+    choices: [cmk, kubelet, cpu-pooler, nri-topology-aware, nri-balloons]
+    default: cmk
+  exclusive_core_type:
+    description: On a hybrid node, C(performance) (exclusive cores are P cores) or C(any).
+    type: str
+    choices: [performance, any]
+    default: performance
   isolate_cpu0:
     description: Let an infra cpulist that leaves out the core of CPU 0 put that core in an isolated pool.
     type: bool
@@ -171,9 +187,39 @@ plan:
       description: CPUs of the SST-BF high-priority cores the plan preferred.
       type: str
     warnings:
-      description: What the operator should know (stranded or half-isolated cores in adopt mode).
+      description: >-
+        What the operator should act on (stranded or half-isolated cores in adopt mode, NUMA
+        nodes with too few housekeeping CPUs, cores with an offline sibling).
       type: list
       elements: str
+    notes:
+      description: What the operator should know (the kubelet's view of a hybrid, SMT kept off by nosmt).
+      type: list
+      elements: str
+    runtime:
+      description: The runtime the plan was made for.
+      type: str
+    reserved_cpus:
+      description: >-
+        The housekeeping cores' CPUs, kept on every NUMA node: what no runtime hands out
+        (C(reservedSystemCPUs), C(reservedResources)); in adopt mode the infra pool's.
+      type: str
+    allocatable_cpus:
+      description: Online CPUs minus C(reserved_cpus).
+      type: int
+    numa:
+      description: >-
+        NUMA node (string) to its C(cpus), C(reserved), C(housekeeping), C(isolated) CPUs and each
+        pool's CPUs there (compressed cpulists).
+      type: dict
+    core_types:
+      description: On a hybrid node C(performance) and C(efficiency) to their CPUs; empty otherwise.
+      type: dict
+    kubelet:
+      description: >-
+        Only with O(inputs) and the C(kubelet) runtime: C(version) (the kubelet's, asked of the node for
+        C(cpupools_kubelet_version=auto)), C(version_known), and C(config), the drop-in's fields.
+      type: dict
     adopted:
       description: In C(adopt) mode the C(isolcpus) CPUs and flags adopted; null otherwise.
       type: dict
@@ -217,8 +263,14 @@ ARGUMENT_SPEC = {
     "infra_cores": {"type": "raw", "default": 1},
     "isolcpus_source": {"type": "str", "default": "generate"},
     "sst_bf": {"type": "raw", "default": "auto"},
-    "isolated_pools": {"type": "list", "elements": "str", "default": ["exclusive", "shared"]},
+    "isolated_pools": {"type": "raw", "default": "auto"},
     "isolate_cpu0": {"type": "bool", "default": False},
+    "runtime": {
+        "type": "str",
+        "default": "cmk",
+        "choices": ["cmk", "kubelet", "cpu-pooler", "nri-topology-aware", "nri-balloons"],
+    },
+    "exclusive_core_type": {"type": "str", "default": "performance", "choices": ["performance", "any"]},
     "inputs": {"type": "dict"},
 }
 
