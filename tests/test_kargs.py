@@ -33,6 +33,29 @@ def test_generate_derives_every_argument_from_the_plan(plan_2s):
     assert args["nohz_full"] == "1-3,23-25,45-47,67-69"
 
 
+def test_the_kubelet_node_isolates_everything_but_housekeeping(make_root):
+    # 2s8c-2numa: NUMA nodes of 4 cores (CPU n+16 the sibling of n), housekeeping their first cores
+    # 0, 4, 8, 12. Under the kubelet every other CPU may be handed out exclusively: isolated (without
+    # the domain flag: it also runs the pods it has not handed CPUs to), no tick, RCU callbacks
+    # offloaded; interrupts, RCU offload threads and systemd on the housekeeping CPUs of every node.
+    plan = plan_for(make_root("2s8c-2numa"), num_exclusive_cores=-1, num_shared_cores=0, runtime="kubelet")
+    opts = kargs.make_options({"isolcpus_flags": "auto", "plan": plan})
+    args, notes = kargs.derive_kernel_args(plan, opts)
+    rest = "1-3,5-7,9-11,13-15,17-19,21-23,25-27,29-31"
+    assert args == {
+        "isolcpus": "managed_irq," + rest,
+        "nohz_full": rest,
+        "rcu_nocbs": rest,
+        "irqaffinity": "0,4,8,12,16,20,24,28",
+    }
+    assert notes == []
+    assert kargs.housekeeping_outputs(plan)["cpu_affinity"] == "0 4 8 12 16 20 24 28"
+    # The same plan for cmk keeps the domain flag.
+    cmk = plan_for(make_root("2s8c-2numa"), num_exclusive_cores=-1, num_shared_cores=0)
+    args, _ = kargs.derive_kernel_args(cmk, kargs.make_options({"isolcpus_flags": "auto", "plan": cmk}))
+    assert args["isolcpus"] == "managed_irq,domain," + rest
+
+
 def test_switches_and_isolated_pools(make_root):
     root = make_root("1s8c-smt2")
     plan = plan_for(root, num_exclusive_cores=2, num_shared_cores=1, isolated_pools=["exclusive"])
