@@ -64,7 +64,7 @@ CASES = [
     Case(
         "too-many-cores",
         "cpupools_num_exclusive_cores",
-        "60 exclusive cores + 1 shared core requested, 42 available after 1 infra core per socket",
+        "60 exclusive cores + 1 shared core requested, 42 available after 1 infra core per NUMA node (auto)",
         json={"cpupools_num_exclusive_cores": 60},
     ),
     Case(
@@ -82,7 +82,7 @@ CASES = [
     Case(
         "infra-too-many",
         "cpupools_infra_cores",
-        "30 infra cores per socket requested, socket 0 has only 22 cores",
+        "30 infra cores requested on NUMA node 0, which has only 22 cores",
         cli=("cpupools_infra_cores=30",),
     ),
     # types
@@ -96,7 +96,7 @@ CASES = [
     Case(
         "float-infra",
         "cpupools_infra_cores",
-        "1.5 is neither a number of cores per socket nor a cpulist",
+        "1.5 is neither auto, a number of cores per NUMA node nor a cpulist",
         json={"cpupools_infra_cores": 1.5},
     ),
     Case("list-as-count", "cpupools_lock_timeout", "[30] is not an integer", json={"cpupools_lock_timeout": [30]}),
@@ -137,7 +137,7 @@ CASES = [
     Case(
         "infra-count-from-e-isolates-nothing-of-cpu0",
         "cpupools_infra_cores",
-        "0 infra cores per socket; at least 1 is needed",
+        "0 infra cores per NUMA node; at least 1 is needed",
         cli=("cpupools_infra_cores=0",),
     ),
     # nulls and empties
@@ -314,7 +314,7 @@ CASES = [
         "runtime-cannot-express",
         "cpupools_isolated_pools",
         "nri-topology-aware hands isolated CPUs out only exclusively, so the isolated shared pool",
-        cli=("cpupools_runtime=nri-topology-aware",),
+        cli=("cpupools_runtime=nri-topology-aware", "cpupools_isolated_pools=exclusive,shared"),
     ),
     # reboot knobs
     Case(

@@ -27,6 +27,11 @@ from sysfs import CORPUS, write_tree
 pytestmark = pytest.mark.slow
 
 STAGE_PLAYS = {"Write the kernel arguments": "kernel", "Install the node agent and the pool state": "agent"}
+#: Shapes the fleet leaves out: one the plan refuses by design (SMT switched off at runtime), and
+#: three large ones of today's machines whose plans tests/unit/test_plan_modern.py works out by hand
+#: (the fleet keeps the hybrid and big.LITTLE shapes, which take the same code paths, and 1,024
+#: CPUs): each large host costs this longest test of the suite about as much as all small ones.
+LEFT_OUT = {"1s16c-smt-off", "2s96c-smt2-nps4", "2s48c-smt2-snc4", "1s144c-srf-snc2"}
 
 
 def _edit(path: Path) -> None:
@@ -59,7 +64,7 @@ TRANSITIONS = {
 class Fleet:
     def __init__(self, base: Path, corpus_root: dict):
         self.base = base
-        self.hosts = {name.replace("_", "-"): corpus_root[name] for name in CORPUS}
+        self.hosts = {name.replace("_", "-"): corpus_root[name] for name in CORPUS if name not in LEFT_OUT}
         self.host_vars: dict[str, dict] = {host: {} for host in self.hosts}
 
     def root(self, host: str) -> Path:
@@ -157,7 +162,9 @@ def compare_all(fleet: Fleet, expected: dict[str, set[str]]) -> None:
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     base = tmp_path_factory.mktemp("converged")
-    corpus = {name: write_tree(str(base / "corpus" / name), spec) for name, spec in CORPUS.items()}
+    corpus = {
+        name: write_tree(str(base / "corpus" / name), spec) for name, spec in CORPUS.items() if name not in LEFT_OUT
+    }
     fleet = Fleet(base, corpus)
     first = fleet.run()
     assert first.changed(next(iter(fleet.hosts))) > 0

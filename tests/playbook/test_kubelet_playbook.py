@@ -269,16 +269,22 @@ def test_rollout_stops_at_the_first_kubelet_that_fails_verification(playbook, tm
             "the scheduler's load balancing",
         ),
         (
-            ["-e", "cpupools_num_exclusive_cores=0", "-e", "cpupools_num_shared_cores=2"],
-            "host node-1: cpupools_num_exclusive_cores: the static CPU manager would have no exclusive CPU",
+            ["-e", "cpupools_num_exclusive_cores=9"],
+            "host node-1: cpupools_num_exclusive_cores: 9 exclusive cores requested, the kubelet can hand out 7 "
+            "cores after 1 infra core per NUMA node (auto)",
         ),
         (
             ["-e", "cpupools_excl_non_isolcpus=7,15", "-e", "cpupools_num_exclusive_cores=3"],
             "host node-1: cpupools_excl_non_isolcpus: CPUs 7,15 are an exclusive-non-isolcpus pool",
         ),
         (
-            ["-e", "cpupools_kubelet_policy_options=full-pcpus-only,align-by-socket"],
-            "host node-1: cpupools_kubelet_policy_options: 'align-by-socket' is not auto or one of",
+            ["-e", "cpupools_kubelet_policy_options=full-pcpus-only,align-by-cache"],
+            "host node-1: cpupools_kubelet_policy_options: 'align-by-cache' is not auto or one of",
+        ),
+        (
+            ["-e", "cpupools_kubelet_policy_options=full-pcpus-only,distribute-cpus-across-cores"],
+            "host node-1: cpupools_kubelet_policy_options: full-pcpus-only and distribute-cpus-across-cores cannot "
+            "be used together",
         ),
         (["-e", "cpupools_kubelet_topology_scope=node"], "host node-1: cpupools_kubelet_topology_scope: 'node'"),
     ],

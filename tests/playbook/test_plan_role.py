@@ -70,8 +70,8 @@ def test_role_plans_numa_nodes_and_l3_domains_with_values_from_e(playbook, corpu
     """NPS2 with two 8-core L3s per node: facts carry the domains and distances; spread balances nodes.
 
     The expected hand-out order is worked out in tests/unit/test_plan_numa.py
-    (nodes 0, 2, 1, 3 in turn; on each, the smallest L3 domain that holds two
-    cores). The sizes come as strings, as ``-e key=value`` gives them.
+    (nodes 0, 2, 1, 3 in turn; on each, the L3 domain without its housekeeping
+    core). The sizes come as strings, as ``-e key=value`` gives them.
     """
     pb = (
         ROLE_PLAY
@@ -95,16 +95,17 @@ def test_role_plans_numa_nodes_and_l3_domains_with_values_from_e(playbook, corpu
     assert res.changed() == 0
     plan = res.result("Show the plan")["cpupools_plan"]
     assert plan["handout_order"]["exclusive"] == [
-        "1,65",
-        "33,97",
-        "16,80",
-        "48,112",
-        "2,66",
-        "34,98",
-        "17,81",
-        "49,113",
+        "8,72",
+        "40,104",
+        "24,88",
+        "56,120",
+        "9,73",
+        "41,105",
+        "25,89",
+        "57,121",
     ]
-    assert plan["pools"]["shared"] == {"0": ["3,67"], "1": ["35,99"]}
+    assert plan["pools"]["shared"] == {"0": ["1,65"], "1": ["33,97"]}
+    assert plan["reserved_cpus"] == "0,16,32,48,64,80,96,112"
     shown = res.result("Show the topology")["msg"]
     assert shown["l3"]["1"] == "8-15,72-79" and len(shown["l3"]) == 8
     assert shown["dist"]["2"] == [32, 32, 10, 12]
@@ -137,7 +138,7 @@ def test_adopt_warnings_reach_the_operator(playbook, make_root):
         (
             {"cpupools_num_exclusive_cores": 20, "cpupools_num_shared_cores": 2},
             "host localhost: cpupools_num_exclusive_cores: 20 exclusive cores + 2 shared cores requested, "
-            "13 available after 1 infra core per socket",
+            "12 available after 1 infra core per NUMA node (auto) and 1 core with an offline sibling, never isolated",
         ),
         ({"cpupools_excl_non_isolcpus": "30"}, "host localhost: cpupools_excl_non_isolcpus: CPU(s) 30 are offline"),
         (

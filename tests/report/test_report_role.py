@@ -50,7 +50,10 @@ def test_first_run_writes_second_run_changes_nothing(playbook, extra, tmp_path):
     page = html.read_text()
     assert 'id="host-localhost"' in page and page.count('class="core"') == 16
     printed = first.result("cpupools_report : Print the fleet report")["msg"]
-    assert printed[0] == "== localhost [pending]: 2 sockets, 16 cores, 32 CPUs online (2 per core); mode generate"
+    assert printed[0] == (
+        "== localhost [pending]: 2 sockets, 16 cores, 32 CPUs online (2 per core); "
+        "mode generate (cpupools chose the isolated CPUs); runtime cmk"
+    )
     assert "  kernel          reboot required (pending: isolcpus)" in printed
     assert printed[-1] == "fleet: 1 host; 1 pending (localhost); 3 exclusive cores"
     stat = html.stat()
