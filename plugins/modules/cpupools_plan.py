@@ -229,9 +229,11 @@ plan:
     hugepages:
       description: >-
         Only with O(inputs): the hugepages of C(cpupools_hugepages) checked against the node
-        (C(requested), C(boot) the kernel command line reservation, C(runtime) the sysfs
-        files the cpupools-hugepages unit writes, C(planned) node or C(any) to size to pages,
-        C(memory) node to C(asked_kb) and C(available_kb)). See docs/hugepages.md.
+        (C(requested), C(boot) the kernel command line reservation, with C(nodes) when it is
+        per NUMA node, C(runtime) the sysfs files the cpupools-hugepages unit writes,
+        C(planned) node or C(any) to size to pages, C(memory) node to C(asked_kb) and
+        C(available_kb), C(notes) and C(warnings) on where per-node gigantic pages go).
+        See docs/hugepages.md.
       type: dict
 inputs:
   description: Every public cpupools variable, normalised (without the C(cpupools_) prefix); only with O(inputs).

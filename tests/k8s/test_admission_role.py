@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from cel_support import admit
@@ -136,3 +137,21 @@ def test_a_play_without_cmk_nodes_publishes_no_policy(playbook, fake, fleet):
     assert first.rc == 0 and set(fake.admission) == {POLICIES, BINDINGS}
     again = playbook(ROLE_PLAY, extra, "-e", "cpupools_runtime=cpu-pooler", inventory=inventory)
     assert again.rc == 0 and set(fake.admission) == {POLICIES, BINDINGS}  # kept for cmk nodes elsewhere
+
+
+def test_a_host_uninstalled_first_does_not_stop_a_cmk_host_publishing(playbook, fake, fleet):
+    """Issue 25: each host's own state decides its part, whichever host comes first.
+
+    node-1 (first) is being uninstalled, node-2 is a cmk node. Before, the
+    first host's state made the play an uninstall: node-1 was chosen and
+    removed the policy (none was published for node-2).
+    """
+    inventory, extra = fleet
+    hosts = json.loads(Path(inventory).read_text())
+    hosts["all"]["hosts"]["node-1"]["cpupools_state"] = "absent"
+    Path(inventory).write_text(json.dumps(hosts))
+    run = playbook(ROLE_PLAY, extra, inventory=inventory)
+    assert run.rc == 0, run.stdout
+    assert run.result(TASK, "node-1").get("skipped")
+    assert run.result(TASK, "node-2")["policy"] == "created"
+    assert set(fake.admission) == {POLICIES, BINDINGS}

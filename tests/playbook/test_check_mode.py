@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 from helpers import REPO, PlaybookResult, ansible_env, tree_snapshot
+from k8s_fake import FakeKube, write_kubeconfig
+from sysfs import CORPUS, write_tree
 
 pytestmark = pytest.mark.slow
 
@@ -88,13 +90,18 @@ def changed_tasks(res: PlaybookResult, host: str) -> Counter:
 
 
 def check_then_apply(
-    checkout: Checkout, playbook: str, *args: str, hosts=HOSTS, roots=(), inventory=None, **extra
+    checkout: Checkout, playbook: str, *args: str, hosts=HOSTS, roots=(), inventory=None, after_check=None, **extra
 ) -> PlaybookResult:
-    """``--check --diff`` then the real run; asserts the prediction was exact and the check wrote nothing."""
+    """``--check --diff`` then the real run; asserts the prediction was exact and the check wrote nothing.
+
+    ``after_check`` is called between the two runs (to look at what else the check must not have written).
+    """
     before = checkout.snapshot(*roots)
     check = checkout.run(playbook, "--check", "--diff", *args, inventory=inventory, **extra)
     assert check.rc == 0, check.stdout[-4000:] + check.stderr[-2000:]
     assert checkout.snapshot(*roots) == before, "check mode wrote something"
+    if after_check is not None:
+        after_check()
     checkout.last_check = check
     real = checkout.run(playbook, *args, inventory=inventory, **extra)
     assert real.rc == 0, real.stdout[-4000:] + real.stderr[-2000:]
@@ -197,3 +204,64 @@ def test_host_vars_exception(checkout):
     assert one != two
     again = check_then_apply(checkout, "site.yml", hosts=hosts, inventory=inventory / "hosts.yml")
     assert again.changed("node1") == again.changed("node2") == 0
+
+
+def test_a_mixed_fleet_whose_first_host_does_not_run_cmk(checkout, tmp_path):
+    """Issue 25: once-per-play tasks run when any host needs them, not when the first host does.
+
+    node-1 (first) runs CPU-Pooler, node-2 cmk, on one fake cluster. The agent
+    stage's build used to run only if the first host ran cmk: in a fresh
+    checkout (no build/) node-2's install failed, and check mode failed on the
+    missing staging directory. Each host ends as its runtime wants it, check
+    mode predicted each host's changes exactly and wrote nothing (node roots,
+    checkout, cluster), and node-2, the cmk host, published the cluster's pod
+    injection policy.
+    """
+    runtimes = {"node-1": "cpu-pooler", "node-2": "cmk"}
+    roots = {node: tmp_path / "nodes" / node for node in runtimes}
+    with FakeKube(token="tok") as kube:
+        lines = ["all:", "  children:", "    cpupools_nodes:", "      hosts:"]
+        for node, runtime in runtimes.items():
+            kube.add_node(node)
+            facts = write_tree(str(tmp_path / "facts" / node), CORPUS["2s8c-2numa"])
+            lines += [
+                f"        {node}:",
+                "          ansible_connection: local",
+                "          ansible_python_interpreter: '{{ ansible_playbook_python }}'",
+                f"          cpupools_facts_root: {facts}",
+                f"          cpupools_root: {roots[node]}",
+                f"          cpupools_k8s_node_name: {node}",
+                f"          cpupools_runtime: {runtime}",
+            ]
+        lines += [
+            "  vars:",
+            "    cpupools_kernel_args_backend: grub",
+            "    cpupools_isolated_pools: [exclusive]",
+            f"    cpupools_k8s_kubeconfig: {write_kubeconfig(tmp_path / 'kubeconfig', kube.url, token='tok')}",
+            f"    cpupools_report_html: {tmp_path / 'report.html'}",
+        ]
+        inventory = tmp_path / "hosts.yml"
+        inventory.write_text("\n".join(lines) + "\n")
+        assert not (checkout.dir / "build").exists()
+
+        def nothing_written_to_the_cluster():
+            assert kube.writes() == [], "check mode wrote to the cluster"
+
+        real = check_then_apply(
+            checkout,
+            "site.yml",
+            hosts=tuple(runtimes),
+            roots=tuple(roots.values()),
+            inventory=inventory,
+            after_check=nothing_written_to_the_cluster,
+        )
+        for node, root in roots.items():
+            cmk = runtimes[node] == "cmk"
+            assert (root / "opt/bin/cmk").is_file() == cmk, node
+            assert (root / "etc/cmk/pools").is_dir() == cmk, node
+            assert ("cmk.intel.com/cmk-node" in kube.nodes[node]["metadata"]["labels"]) == cmk, node
+            assert "isolcpus=" in (root / "etc/default/grub.d/99-cpupools.cfg").read_text(), node
+        assert (checkout.dir / "build" / "agent" / "cmk.pyz").is_file()
+        assert real.result("Publish or remove the pod injection policy", "node-2")["changed"] is True
+        assert real.result("Publish or remove the pod injection policy", "node-1").get("skipped")
+        assert ("mutatingadmissionpolicies", "cpupools-cmk-inject") in kube.admission

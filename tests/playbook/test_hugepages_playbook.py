@@ -101,7 +101,7 @@ def changed_tasks(res) -> list[str]:
 
 
 def test_check_then_converge_then_nothing_changes(tmp_path):
-    inventory, sandbox, _ = setup(tmp_path)
+    inventory, sandbox, facts = setup(tmp_path)
     before = tree_snapshot(sandbox)
     check = run(tmp_path, inventory, "hugepages.yml", "--check")
     assert check.rc == 0, check.stdout[-3000:]
@@ -137,11 +137,18 @@ def test_check_then_converge_then_nothing_changes(tmp_path):
     assert again.rc == 0 and again.changed() == 0, changed_tasks(again)
     assert tree_snapshot(sandbox) == converged
 
-    # New counts given as -e text (a string): the same meaning as the YAML list.
-    more = run(tmp_path, inventory, "hugepages.yml", "-e", "cpupools_hugepages=1G:6,2M:1024:0,2M:256:1")
+    # New counts given as -e text (a string): the same meaning as the YAML list. The
+    # node now runs a kernel that reads per-node counts (5.16+): 1G pages per node go
+    # on the command line too, in the kernel's node format, and no longer to the unit.
+    (facts / "proc/sys/kernel").mkdir(parents=True)
+    (facts / "proc/sys/kernel/osrelease").write_text("6.1.0-18-amd64\n")
+    more = run(tmp_path, inventory, "hugepages.yml", "-e", "cpupools_hugepages=1G:4:0,1G:2:1,2M:1024:0,2M:256:1")
     assert more.rc == 0, more.stdout[-3000:]
-    assert ' default_hugepagesz=1G hugepagesz=1G hugepages=6"' in (sandbox / DROPIN).read_text()
-    assert f"1024 {NODE_FILE.format(0)}" in (sandbox / CONF).read_text()
+    assert ' default_hugepagesz=1G hugepagesz=1G hugepages=0:4,1:2"' in (sandbox / DROPIN).read_text()
+    assert [line for line in (sandbox / CONF).read_text().splitlines() if not line.startswith("#")] == [
+        f"1024 {NODE_FILE.format(0)}",
+        f"256 {NODE_FILE.format(1)}",
+    ]
     assert (sandbox / UNIT).read_text() == unit
 
     removed = run(tmp_path, inventory, "uninstall.yml")

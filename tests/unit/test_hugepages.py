@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 from cpupools import kargs
-from cpupools.errors import PlanError
+from cpupools.errors import KernelArgsError, PlanError
+from cpupools.host_plan import boot_release
 from cpupools.hugepages import parse_entries, parse_size, plan_hugepages, read_hugepages, size_label
 from cpupools.inputs import validate_inputs
 from cpupools.plan import make_request, plan_pools
@@ -173,6 +175,104 @@ def test_per_node_1g_and_node_less_2m_are_the_units():
         "/sys/devices/system/node/node1/hugepages/hugepages-1048576kB/nr_hugepages",
     ]
     assert kargs.hugepage_args({"hugepages": plan}) == {}
+
+
+# Per-node 1G pages on the kernel command line (issue 25) ------------------------------------
+
+NODE_1G = "/sys/devices/system/node/node{}/hugepages/hugepages-1048576kB/nr_hugepages"
+
+
+def test_per_node_1g_goes_on_the_command_line_of_a_kernel_that_reads_it():
+    plan = plan_hugepages(parse_entries("1G:4:0,1G:2:1,2M:100"), facts(), default_size="1G", kernel_release="6.1.0-18")
+    assert plan["boot"] == {"default_size": "1G", "size": "1G", "count": 6, "nodes": {"0": 4, "1": 2}}
+    assert [r["path"] for r in plan["runtime"]] == ["/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages"]
+    assert (plan["notes"], plan["warnings"]) == ([], [])
+    assert plan["planned"] == {"any": {"2M": 100}, "0": {"1G": 4}, "1": {"1G": 2}}
+    args = kargs.hugepage_args({"hugepages": plan})
+    assert args == {"default_hugepagesz": "1G", "hugepagesz": "1G", "hugepages": "0:4,1:2"}
+    # 5.16 is the first such kernel; a node given 0 pages is left out (it gets none at boot anyway).
+    plan = plan_hugepages(parse_entries("1G:0:0,1G:3:1"), facts(), kernel_release="5.16.0")
+    assert plan["boot"]["nodes"] == {"1": 3} and plan["runtime"] == []
+    assert kargs.hugepage_args({"hugepages": plan}) == {"hugepagesz": "1G", "hugepages": "1:3"}
+
+
+@pytest.mark.parametrize(
+    ("release", "note", "warned"),
+    [
+        ("5.15.0-91-generic", "1G pages per NUMA node are reserved by cpupools-hugepages.service: kernel "
+         "5.15.0-91-generic reads no per-node hugepages= (5.16 and later do)", False),
+        (None, "1G pages per NUMA node are reserved by cpupools-hugepages.service, not on the kernel command line: "
+         "the kernel release is unknown (no proc/sys/kernel/osrelease under cpupools_facts_root; set "
+         "cpupools_kernel_release to the kernel that boots)", True),
+        ("linux", "the kernel release is unknown", True),
+    ],
+)  # fmt: skip
+def test_per_node_1g_goes_to_the_unit_on_an_older_or_unknown_kernel(release, note, warned):
+    plan = plan_hugepages(parse_entries("1G:4:0,1G:2:1"), facts(), kernel_release=release)
+    assert plan["boot"] == {"default_size": None, "size": None, "count": 0}
+    assert [(r["count"], r["path"]) for r in plan["runtime"]] == [(4, NODE_1G.format(0)), (2, NODE_1G.format(1))]
+    assert kargs.hugepage_args({"hugepages": plan}) == {}
+    assert len(plan["notes"]) == 1 and note in plan["notes"][0]
+    assert plan["warnings"] == (plan["notes"] if warned else [])
+
+
+def test_one_gigantic_size_on_the_command_line():
+    sizes = ("2M", "1G", "16G")
+    # A node-less size keeps the command line; another gigantic size per node goes to the unit.
+    plan = plan_hugepages(parse_entries("1G:4,16G:1:1"), facts(sizes=sizes, mem_mb=65536), kernel_release="6.8.0")
+    assert plan["boot"] == {"default_size": None, "size": "1G", "count": 4}
+    assert [r["path"] for r in plan["runtime"]] == [
+        "/sys/devices/system/node/node1/hugepages/hugepages-16777216kB/nr_hugepages"
+    ]
+    assert plan["notes"] == [
+        "16G pages per NUMA node are reserved by cpupools-hugepages.service: the kernel command line holds one "
+        "gigantic size, 1G"
+    ]
+    # Two sizes per node only: the larger (the harder to find after boot) on the command line.
+    plan = plan_hugepages(parse_entries("1G:4:0,16G:1:1"), facts(sizes=sizes, mem_mb=65536), kernel_release="6.8.0")
+    assert plan["boot"] == {"default_size": None, "size": "16G", "count": 1, "nodes": {"1": 1}}
+    assert [r["path"] for r in plan["runtime"]] == [NODE_1G.format(0)]
+    assert kargs.hugepage_args({"hugepages": plan}) == {"hugepagesz": "16G", "hugepages": "1:1"}
+    # No page of a size asked anywhere: the unit writes the zeros, as before (pages it reserved are freed now).
+    plan = plan_hugepages(parse_entries("1G:0:0,1G:0:1"), facts(), kernel_release="6.8.0")
+    assert plan["boot"]["size"] is None and [r["count"] for r in plan["runtime"]] == [0, 0]
+
+
+def test_a_size_both_with_and_without_nodes_is_refused():
+    # The kernel reads one hugepages= per hugepagesz=, node-less or per node, never both.
+    with pytest.raises(PlanError) as exc:
+        validate_inputs({"cpupools_hugepages": "1G:4,1G:2:0"})
+    assert exc.value.describe("n1") == (
+        "host n1: cpupools_hugepages: size 1G is given both without a numa_node and per NUMA node; "
+        "give one or the other"
+    )
+
+
+def test_the_kernel_stage_refuses_per_node_counts_for_an_older_kernel():
+    args = {"hugepagesz": "1G", "hugepages": "0:4,1:2"}
+    with pytest.raises(KernelArgsError) as exc:
+        kargs.validate_kernel_args(args, "5.15.0")
+    assert exc.value.field == "hugepages"
+    assert str(exc.value) == (
+        "hugepages=0:4,1:2 gives pages per NUMA node, which kernel 5.15.0 does not read (before 5.16 it takes "
+        "the first node number for the count); set cpupools_kernel_release to the kernel that boots"
+    )
+    assert kargs.validate_kernel_args(args, "5.16.0") == kargs.validate_kernel_args({"hugepages": "8"}, "5.4.0") == []
+
+
+def test_the_plan_is_for_the_kernel_the_kernel_stage_derives_for(tmp_path):
+    # host_plan.boot_release reads the release the way the kernel stage does
+    # (bootloader.kernel_release): cpupools_kernel_release, else the running
+    # kernel's under the facts root.
+    facts_root = tmp_path / "facts"
+    (facts_root / "proc/sys/kernel").mkdir(parents=True)
+    values = {"root": str(tmp_path / "node"), "facts_root": str(facts_root), "kernel_release": ""}
+    assert boot_release(values) is None
+    (facts_root / "proc/sys/kernel/osrelease").write_text("6.1.0-18-amd64\n")
+    assert boot_release(values) == "6.1.0-18-amd64"
+    assert boot_release({**values, "kernel_release": "5.15.0-91-generic"}) == "5.15.0-91-generic"
+    assert boot_release({**values, "facts_root": ""}) is None  # the facts root defaults to the root
+    assert boot_release({**values, "root": "/", "facts_root": ""}) == os.uname().release
 
 
 def test_memory_short_is_refused_with_the_numbers():

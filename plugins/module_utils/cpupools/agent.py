@@ -375,7 +375,8 @@ def acquire(
     (``locality.choose_local``), unless ``CMK_NUMA_LOCALITY=0`` asks for the
     first free ones in hand-out order. When too few are free, or no NUMA node
     has enough, holders that died are reclaimed first (what ``reconcile``
-    would do) before failing or spreading over nodes.
+    would do) before failing or spreading over the fewest, nearest nodes (by
+    the distance table, read only then).
     Shared/infra pools: every cpulist of the pool on ``socket``, or on all
     sockets; with ``numa_node``, those with CPUs on that node.
     """
@@ -422,7 +423,11 @@ def acquire(
                 )
             if local:
                 chosen = choose_local(
-                    free, count, lambda cl: where.node(cl.cpu_ids[0]), lambda cl: where.l3(cl.cpu_ids[0])
+                    free,
+                    count,
+                    lambda cl: where.node(cl.cpu_ids[0]),
+                    lambda cl: where.l3(cl.cpu_ids[0]),
+                    where.distance,
                 )
             else:
                 chosen = free[:count]

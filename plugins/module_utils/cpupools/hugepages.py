@@ -8,9 +8,10 @@
   and each node's MemTotal, from sysfs under a root.
 * ``plan_hugepages``: the entries checked against those facts (sizes the
   node offers, NUMA nodes it has, memory it can hold) and split into what the
-  kernel command line reserves at boot (node-less gigantic pages, which only
-  the boot allocator finds reliably) and what the ``cpupools-hugepages``
-  unit writes to sysfs at boot (every other entry).
+  kernel command line reserves at boot (one gigantic size, which only the
+  boot allocator finds reliably: node-less, or per NUMA node when the kernel
+  that boots reads ``hugepages=0:4,1:4``, 5.16 and later) and what the
+  ``cpupools-hugepages`` unit writes to sysfs at boot (every other entry).
 
 Errors are ``PlanError`` with field ``hugepages`` (or the variable named), so
 the plan module reports ``host X: cpupools_hugepages: ...`` on one line.
@@ -30,6 +31,11 @@ FIELD = "hugepages"
 GIGANTIC_KB = 1024 * 1024
 GLOBAL_DIR = "sys/kernel/mm/hugepages"
 NODE_DIR = "sys/devices/system/node"
+#: ``hugepages=<node>:<count>[,<node>:<count>...]`` after its ``hugepagesz=`` (mainline
+#: b5389086ad7b, "hugetlbfs: extend the definition of hugepages parameter to support
+#: node allocation", merged for 5.16; Documentation/admin-guide/kernel-parameters.txt,
+#: mm/hugetlbpage.rst). An older kernel takes the leading node number for the count.
+PER_NODE_BOOT_SINCE = (5, 16)
 #: A bound on a page count, so no typed number stands for "all memory".
 MAX_PAGES = 1 << 40
 _SIZE_RE = re.compile(r"^\s*([0-9]{1,9})\s*(k|kb|kib|m|mb|mib|g|gb|gib)\s*$", re.IGNORECASE)
@@ -238,10 +244,72 @@ def read_hugepages(root: str = "/") -> dict:
 # The plan -----------------------------------------------------------------------------
 
 
+def release_version(release: str | None) -> tuple[int, int] | None:
+    """``(major, minor)`` of a kernel release (``6.1.0-18-amd64`` -> ``(6, 1)``); ``None`` when it is not one."""
+    match = re.match(r"^(\d+)\.(\d+)", release or "")
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def per_node_hugepages(release: str | None) -> bool | None:
+    """Whether kernel ``release`` reads per-node ``hugepages=`` counts; ``None`` when the release is unknown."""
+    version = release_version(release)
+    return None if version is None else version >= PER_NODE_BOOT_SINCE
+
+
 def _path(size_kb: int, node: int | None) -> str:
     if node is None:
         return f"/{GLOBAL_DIR}/hugepages-{size_kb}kB/nr_hugepages"
     return f"/{NODE_DIR}/node{node}/hugepages/hugepages-{size_kb}kB/nr_hugepages"
+
+
+def _boot_size(entries: Sequence[Mapping], kernel_release: str | None) -> tuple[int | None, list[str], list[str]]:
+    """The gigantic size the command line reserves (kB, or ``None``), and the notes and warnings on that choice.
+
+    A size without a node when there is one (only the boot allocator finds
+    those reliably, and only the command line spreads them). Else, when the
+    kernel that boots reads per-node counts (5.16+), the largest gigantic size
+    with a per-node count. Else none: per-node counts go to the unit.
+    """
+    nodeless = [e for e in entries if e["numa_node"] is None and e["size_kb"] >= GIGANTIC_KB and e["count"]]
+    if len(nodeless) > 1:
+        sizes = ", ".join(e["size"] for e in nodeless)
+        raise PlanError(
+            f"sizes {sizes} without a numa_node would all be reserved on the kernel command line, which "
+            "cpupools writes for one gigantic size only; give the others a numa_node",
+            FIELD,
+        )
+    per_node = sorted(
+        {e["size_kb"] for e in entries if e["numa_node"] is not None and e["size_kb"] >= GIGANTIC_KB and e["count"]}
+    )
+    if nodeless:
+        chosen = nodeless[0]["size_kb"]
+    elif not per_node:
+        return None, [], []
+    else:
+        supported = per_node_hugepages(kernel_release)
+        labels = "/".join(size_label(kb) for kb in per_node)
+        if supported is None:
+            why = (
+                f"{labels} pages per NUMA node are reserved by cpupools-hugepages.service, not on the kernel "
+                "command line: the kernel release is unknown (no proc/sys/kernel/osrelease under "
+                "cpupools_facts_root; set cpupools_kernel_release to the kernel that boots)"
+            )
+            return None, [why], [why]
+        if not supported:
+            why = (
+                f"{labels} pages per NUMA node are reserved by cpupools-hugepages.service: kernel "
+                f"{kernel_release} reads no per-node hugepages= (5.16 and later do)"
+            )
+            return None, [why], []
+        chosen = per_node[-1]
+    others = [size_label(kb) for kb in per_node if kb != chosen]
+    notes = []
+    if others:
+        notes.append(
+            f"{', '.join(others)} pages per NUMA node are reserved by cpupools-hugepages.service: the kernel "
+            f"command line holds one gigantic size, {size_label(chosen)}"
+        )
+    return chosen, notes, []
 
 
 def plan_hugepages(
@@ -249,16 +317,21 @@ def plan_hugepages(
     facts: Mapping,
     keep_free_mb: int = 1024,
     default_size: str = "",
+    kernel_release: str | None = None,
 ) -> dict:
     """Check ``entries`` (``parse_entries`` output) against the node and split them.
 
-    ``facts`` holds ``read_hugepages`` keys (the host's ``ansible_facts.cpupools``).
-    Returns ``{"requested", "boot", "runtime", "planned", "memory"}``:
-    ``boot`` the command-line reservation (``default_size``, ``size``,
-    ``count``; ``size`` null when there is none), ``runtime`` one entry per
-    sysfs file the unit writes (``size``, ``size_kb``, ``numa_node``,
-    ``count``, ``path``), ``planned`` node (or ``"any"``) -> size -> pages,
-    ``memory`` node -> ``asked_kb``/``available_kb``.
+    ``facts`` holds ``read_hugepages`` keys (the host's ``ansible_facts.cpupools``);
+    ``kernel_release`` is the kernel that boots with the arguments (``None``:
+    unknown). Returns ``{"requested", "boot", "runtime", "planned", "memory",
+    "notes", "warnings"}``: ``boot`` the command-line reservation
+    (``default_size``, ``size``, ``count``, and ``nodes``, node -> pages when
+    the count is per node; ``size`` null when there is none), ``runtime`` one
+    entry per sysfs file the unit writes (``size``, ``size_kb``,
+    ``numa_node``, ``count``, ``path``), ``planned`` node (or ``"any"``) ->
+    size -> pages, ``memory`` node -> ``asked_kb``/``available_kb``,
+    ``notes`` why pages per node of a gigantic size go through the unit, and
+    ``warnings`` the notes that ask for something (an unknown release).
     """
     offered = [str(s) for s in facts.get("hugepage_sizes") or []]
     memory = {str(node): int(kb) for node, kb in (facts.get("memory") or {}).items()}
@@ -287,14 +360,7 @@ def plan_hugepages(
             )
         if node is not None and entry["count"] and memory[str(node)] == 0:
             raise PlanError(f"size {entry['size']}: NUMA node {node} has no memory of its own", FIELD)
-    boot_entries = [e for e in entries if e["numa_node"] is None and e["size_kb"] >= GIGANTIC_KB and e["count"]]
-    if len(boot_entries) > 1:
-        sizes = ", ".join(e["size"] for e in boot_entries)
-        raise PlanError(
-            f"sizes {sizes} without a numa_node would all be reserved on the kernel command line, which "
-            "cpupools writes for one gigantic size only; give the others a numa_node",
-            FIELD,
-        )
+    boot_kb, notes, warnings = _boot_size(entries, kernel_release)
     # What each node holds: its own entries, and its share of the node-less ones
     # (the kernel interleaves those over the nodes with memory, round-robin).
     asked = {node: 0 for node in memory}
@@ -324,23 +390,26 @@ def plan_hugepages(
                 f"less cpupools_hugepages_keep_free_mb {keep_free_mb} MiB)",
                 FIELD,
             )
-    boot = boot_entries[0] if boot_entries else None
+    on_boot = [e for e in entries if e["size_kb"] == boot_kb]
+    boot: dict = {"default_size": default or None, "size": None, "count": 0}
+    if on_boot:
+        boot.update(size=on_boot[0]["size"], count=sum(e["count"] for e in on_boot))
+        if on_boot[0]["numa_node"] is not None:  # parse_entries refuses a size both with and without nodes
+            boot["nodes"] = {str(e["numa_node"]): e["count"] for e in on_boot if e["count"]}
     planned: dict[str, dict[str, int]] = {}
     for entry in entries:
         key = "any" if entry["numa_node"] is None else str(entry["numa_node"])
         planned.setdefault(key, {})[entry["size"]] = entry["count"]
     return {
         "requested": [dict(e) for e in entries],
-        "boot": {
-            "default_size": default or None,
-            "size": boot["size"] if boot else None,
-            "count": boot["count"] if boot else 0,
-        },
+        "boot": boot,
         "runtime": [
             {**e, "path": _path(e["size_kb"], e["numa_node"])}
             for e in entries
-            if not (e["numa_node"] is None and e["size_kb"] >= GIGANTIC_KB)
+            if e["size_kb"] != boot_kb and not (e["numa_node"] is None and e["size_kb"] >= GIGANTIC_KB)
         ],
         "planned": planned,
         "memory": summary,
+        "notes": notes,
+        "warnings": warnings,
     }

@@ -42,6 +42,7 @@ from .cpulist import (
     split_cmdline,
 )
 from .errors import CpulistError, KernelArgsError
+from .hugepages import per_node_hugepages, release_version
 
 #: The kernel arguments this project owns, in the order they are written
 #: (``hugepages=`` counts pages of the ``hugepagesz=`` before it, so that order matters).
@@ -166,8 +167,10 @@ def _cpus(text: str, what: str) -> list[int]:
 def hugepage_args(plan: Mapping) -> dict[str, str]:
     """``default_hugepagesz=``, ``hugepagesz=`` and ``hugepages=`` of ``plan["hugepages"]["boot"]``.
 
-    The boot reservation is global (the kernel spreads it over the NUMA
-    nodes); pages per node are the cpupools-hugepages unit's (hugepages.py).
+    The boot reservation is one size: a count the kernel spreads over the
+    NUMA nodes, or with ``boot["nodes"]`` a count per node in the kernel's
+    node format (``hugepages=0:4,1:4``, nodes ascending, 5.16 and later;
+    ``hugepages.plan_hugepages`` decides which).
     """
     boot = (plan.get("hugepages") or {}).get("boot") or {}
     args: dict[str, str] = {}
@@ -175,7 +178,12 @@ def hugepage_args(plan: Mapping) -> dict[str, str]:
         args["default_hugepagesz"] = str(boot["default_size"])
     if boot.get("size") and boot.get("count"):
         args["hugepagesz"] = str(boot["size"])
-        args["hugepages"] = str(int(boot["count"]))
+        nodes = boot.get("nodes")
+        if nodes:
+            pairs = sorted((int(n), int(c)) for n, c in nodes.items())
+            args["hugepages"] = ",".join(f"{n}:{c}" for n, c in pairs)
+        else:
+            args["hugepages"] = str(int(boot["count"]))
     return args
 
 
@@ -258,11 +266,6 @@ def _derive_cpu_args(
 # Validation --------------------------------------------------------------------
 
 
-def _release_tuple(release: str | None) -> tuple[int, int] | None:
-    match = re.match(r"^(\d+)\.(\d+)", release or "")
-    return (int(match.group(1)), int(match.group(2))) if match else None
-
-
 def _config_enabled(config: str, option: str) -> bool:
     return re.search(rf"^{option}=[ym]\s*$", config, re.MULTILINE) is not None
 
@@ -297,6 +300,13 @@ def validate_kernel_args(
     any isolcpus= and nohz_full= pair; an empty cpulist isolates nothing.
     """
     warnings: list[str] = []
+    if ":" in args.get("hugepages", "") and per_node_hugepages(kernel_release) is False:
+        raise KernelArgsError(
+            f"hugepages={args['hugepages']} gives pages per NUMA node, which kernel {kernel_release} does not read "
+            "(before 5.16 it takes the first node number for the count); set cpupools_kernel_release to the kernel "
+            "that boots",
+            "hugepages",
+        )
     parsed = {key: parse_value(key, value) for key, value in args.items() if key in CPU_ARGS}
     for key, (_, cpus) in parsed.items():
         if not cpus:
@@ -328,7 +338,7 @@ def validate_kernel_args(
                 "drop the nohz flag or set cpupools_nohz_full: false",
                 "isolcpus_flags",
             )
-        version = _release_tuple(kernel_release)
+        version = release_version(kernel_release)
         if version is not None and version < SPLIT_HOUSEKEEPING_SINCE:
             raise KernelArgsError(
                 f"kernel {kernel_release} (before 5.17) keeps one housekeeping mask and ignores nohz_full= unless it "

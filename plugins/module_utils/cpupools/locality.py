@@ -17,7 +17,8 @@ as stable).
 ``fewest_groups`` is the one rule for "take k of these, touching as few
 groups as possible": the planner uses it for the cores of a pool within a
 NUMA node (groups = L3 domains), ``cmk isolate`` for the cpulists it hands to
-one workload (groups = NUMA nodes, then L3 domains).
+one workload (groups = NUMA nodes, then L3 domains). When one workload needs
+several NUMA nodes, ``nearest_nodes`` picks which by the distance table.
 """
 
 from __future__ import annotations
@@ -86,19 +87,20 @@ def read_node_distances(root: str) -> dict[int, str | None]:
     return {n: read_text(os.path.join(root, NODE_DIR, f"node{n}", "distance")) for n in node_ids(root)}
 
 
+def parse_distance_row(node: int, text: str) -> tuple[int, ...]:
+    """The numbers of one ``nodeN/distance`` row."""
+    fields = text.split()
+    if not all(f.isdigit() and f.isascii() for f in fields):
+        raise TopologyError(f"{NODE_DIR}/node{node}/distance: {text.strip()!r} is not a list of numbers")
+    return tuple(int(f) for f in fields)
+
+
 def parse_distances(rows: dict[int, str | None]) -> dict[int, tuple[int, ...]]:
     """The NUMA distance table from the texts of ``nodeN/distance`` (nodes without the file left out).
 
     Every row must have one number per row, as the kernel writes them.
     """
-    table: dict[int, tuple[int, ...]] = {}
-    for node, text in sorted(rows.items()):
-        if text is None:
-            continue
-        fields = text.split()
-        if not all(f.isdigit() and f.isascii() for f in fields):
-            raise TopologyError(f"{NODE_DIR}/node{node}/distance: {text.strip()!r} is not a list of numbers")
-        table[node] = tuple(int(f) for f in fields)
+    table = {node: parse_distance_row(node, text) for node, text in sorted(rows.items()) if text is not None}
     for node, row in table.items():
         if len(row) != len(table):
             raise TopologyError(f"{NODE_DIR}/node{node}/distance has {len(row)} entries for {len(table)} NUMA nodes")
@@ -226,16 +228,21 @@ def groups_touched(items: Iterable[T], group_of: Callable[[T], Hashable]) -> int
 
 
 def choose_local(
-    items: Sequence[T], count: int, node_of: Callable[[T], Hashable], l3_of: Callable[[T], Hashable]
+    items: Sequence[T],
+    count: int,
+    node_of: Callable[[T], Hashable],
+    l3_of: Callable[[T], Hashable],
+    distance: Callable[[Hashable, Hashable], int | None] | None = None,
 ) -> list[T]:
     """``count`` of ``items`` for one workload: on one NUMA node, and on that node in as few L3 domains as can be.
 
     Among the nodes that hold ``count`` items, the one whose pick touches the
     fewest L3 domains wins; ties go to the node whose first item comes first
     in ``items`` (so one item is always the first of ``items``, the plan's
-    hand-out order). When no node holds ``count``, as few nodes as possible
-    (``fewest_groups``), and on each the fewest L3 domains. Returns the chosen
-    items in the order of ``items``.
+    hand-out order). When no node holds ``count``: as few nodes as possible,
+    the nearest of such sets by ``distance`` (``nearest_nodes``; without
+    distances, ``fewest_groups`` over the nodes), and on each node the fewest
+    L3 domains. Returns the chosen items in the order of ``items``.
     """
     if count >= len(items) or count == 1:
         return list(items[:count])
@@ -257,42 +264,169 @@ def choose_local(
         if best == 1:
             break
     if best is None:
+        near = None
+        if distance is not None:
+            near = nearest_nodes({node: len(members) for node, members in nodes.items()}, count, distance)
+        pool = items if near is None else [item for node in near for item in nodes[node]]
         per_node: dict[Hashable, int] = {}
-        for item in fewest_groups(items, node_of, count):
+        for item in fewest_groups(pool, node_of, count):
             per_node[node_of(item)] = per_node.get(node_of(item), 0) + 1
         chosen = [item for node, n in per_node.items() for item in fewest_groups(nodes[node], l3_of, n)]
     rank = {id(item): i for i, item in enumerate(items)}
     return sorted(chosen, key=lambda item: rank[id(item)])
 
 
+#: Above this many candidate sets of nodes, ``nearest_nodes`` grows sets from each node instead of trying them all.
+EXACT_LIMIT = 2000
+
+
+def nearest_nodes(
+    sizes: dict[Hashable, int], count: int, distance: Callable[[Hashable, Hashable], int | None]
+) -> list[Hashable] | None:
+    """The NUMA nodes one workload's ``count`` items come from when no single node holds them.
+
+    ``sizes``: free items per node, in the hand-out order of each node's first
+    item. The fewest nodes that hold ``count``; of those sets, the one whose
+    farthest pair is nearest, then the smallest sum of pairwise distances,
+    then the set whose nodes come first in hand-out order. A pair's distance
+    is the larger of its two table entries (the table may be asymmetric).
+    Every set is tried while there are at most ``EXACT_LIMIT``; past that
+    (dozens of nodes, a workload that needs half of them) each node in turn
+    is grown by the nearest node that still leaves the set able to hold
+    ``count`` in as few nodes, and the best grown set wins. ``None`` when a
+    distance is unknown (no ``distance`` files): the caller falls back to
+    ``fewest_groups``, as before distances were read. Returns the nodes in
+    hand-out order.
+    """
+    order = list(sizes)
+    rank = {node: i for i, node in enumerate(order)}
+    need = held = 0
+    for n in sorted(sizes.values(), reverse=True):
+        need, held = need + 1, held + n
+        if held >= count:
+            break
+    if need >= len(order):
+        return order
+    pairs: dict[tuple[Hashable, Hashable], int] = {}
+
+    def far(a: Hashable, b: Hashable) -> int:
+        key = (a, b) if rank[a] < rank[b] else (b, a)
+        if key not in pairs:
+            there, back = distance(a, b), distance(b, a)
+            if there is None or back is None:
+                raise LookupError
+            pairs[key] = max(there, back)
+        return pairs[key]
+
+    def cost(chosen: Sequence[Hashable]) -> tuple[int, int, list[int]]:
+        spans = [far(a, b) for i, a in enumerate(chosen) for b in chosen[i + 1 :]]
+        return max(spans), sum(spans), sorted(rank[n] for n in chosen)
+
+    try:
+        if _binomial(len(order), need) <= EXACT_LIMIT:
+            from itertools import combinations
+
+            sets = [c for c in combinations(order, need) if sum(sizes[n] for n in c) >= count]
+        else:
+            grown = (_grow(seed, order, sizes, count, need, far) for seed in order)
+            sets = [g for g in grown if g is not None]
+        best = min(sets, key=cost)
+    except LookupError:
+        return None
+    return sorted(best, key=rank.__getitem__)
+
+
+def _binomial(n: int, k: int) -> int:
+    out = 1
+    for i in range(min(k, n - k)):
+        out = out * (n - i) // (i + 1)
+    return out
+
+
+def _grow(
+    seed: Hashable,
+    order: list[Hashable],
+    sizes: dict[Hashable, int],
+    count: int,
+    need: int,
+    far: Callable[[Hashable, Hashable], int],
+) -> list[Hashable] | None:
+    """``need`` nodes holding ``count``, from ``seed`` adding the nearest node that keeps that possible."""
+    chosen = [seed]
+    held = sizes[seed]
+    while len(chosen) < need:
+        rest = [n for n in order if n not in chosen]
+        room = need - len(chosen) - 1  # nodes still to add after this one
+        fits = []
+        for node in rest:
+            others = sorted((sizes[n] for n in rest if n != node), reverse=True)[:room]
+            if held + sizes[node] + sum(others) >= count:
+                fits.append(node)
+        if not fits:
+            return None
+        step = min(fits, key=lambda n: (max(far(n, c) for c in chosen), sum(far(n, c) for c in chosen)))
+        chosen.append(step)
+        held += sizes[step]
+    return chosen if held >= count else None
+
+
 class CpuLocality:
-    """NUMA node and L3 domain of a node's CPUs, read from sysfs under ``root`` on first use.
+    """NUMA node, L3 domain and NUMA distances of a node's CPUs, read from sysfs under ``root`` on first use.
 
     What ``cmk isolate`` asks for: the node map costs one small read per NUMA
-    node; an L3 is read once per domain, for the CPUs asked about only.
-    Without ``node/`` in sysfs (a kernel without NUMA) every CPU is on node
-    0, as in the facts; with it, a CPU no ``nodeN/cpulist`` names is on no
-    known node (``None``), and ``cmk isolate`` does not guess for it. A sysfs
-    file that cannot be read or parsed makes what it would have told unknown
-    too: locality is a preference, and a workload must still start (the
-    facts module, which reads the same files, reports the error).
+    node; an L3 is read once per domain, for the CPUs asked about only; a
+    node's row of the distance table is read only when a workload needs more
+    than one node (``distance``). Without ``node/`` in sysfs (a kernel without
+    NUMA) every CPU is on node 0, as in the facts; with it, a CPU no
+    ``nodeN/cpulist`` names is on no known node (``None``), and ``cmk
+    isolate`` does not guess for it. A sysfs file that cannot be read or
+    parsed makes what it would have told unknown too: locality is a
+    preference, and a workload must still start (the facts module, which
+    reads the same files, reports the error).
     """
 
     def __init__(self, root: str = "/") -> None:
         self.root = root
         self._nodes: dict[int, int] | None = None
+        self._ids: list[int] = []
+        self._rows: dict[int, tuple[int, ...] | None] = {}
         self._l3: dict[int, int] = {}
         self._asked: set[int] = set()
 
     def node(self, cpu: int) -> int | None:
         if self._nodes is None:
             try:
-                self._nodes = node_of_cpus(read_node_cpus(self.root))
+                texts = read_node_cpus(self.root)
+                self._ids = list(texts)
+                self._nodes = node_of_cpus(texts)
             except CpupoolsError:
                 self._nodes = {-1: -1}  # not empty: every CPU on no known node
         if not self._nodes:
             return 0
         return self._nodes.get(cpu)
+
+    def distance(self, a: int, b: int) -> int | None:
+        """Entry ``b`` of node ``a``'s row (``node/nodeA/distance``); ``None`` when unknown.
+
+        A row is read on first use. Its entries are for the node directories
+        in ascending order (the kernel's online nodes); a row that is missing,
+        garbled or not one entry per node directory is unknown.
+        """
+        if a not in self._rows:
+            row = None
+            if self._nodes is None:
+                self.node(-1)
+            try:
+                text = read_text(os.path.join(self.root, NODE_DIR, f"node{a}", "distance"))
+                if text is not None:
+                    row = parse_distance_row(a, text)
+            except CpupoolsError:
+                pass
+            self._rows[a] = row if row is not None and len(row) == len(self._ids) else None
+        row = self._rows[a]
+        if row is None or b not in self._ids:
+            return None
+        return row[self._ids.index(b)]
 
     def l3(self, cpu: int) -> int | None:
         if cpu not in self._asked:
