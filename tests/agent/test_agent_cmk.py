@@ -522,12 +522,15 @@ def test_reconcile_removes_what_killed_writers_left(cmk, state_dir):
 def nps2(make_root, state_dir):
     """``(conf, sysfs root)``: the 2s32c-smt2-nps2 fixture with 8 exclusive cores spread, 20 shared packed.
 
-    Worked out by hand (tests/unit/test_plan_numa.py has the reasoning): the
-    exclusive lists, in hand-out order, are cores 1 (node 0, L3 0), 33 (node
-    2, L3 4), 16 (node 1, L3 2), 48 (node 3, L3 6), 2 (node 0, L3 0), 34
-    (node 2, L3 4), 17 (node 1, L3 2), 49 (node 3, L3 6); CPU i+64 is the
-    sibling of i. Shared packed takes the 13 free cores 3-15 of node 0, then
-    7 of node 1 from the one domain that holds 7: L3 3, cores 24-30.
+    Worked out by hand (tests/unit/test_plan_numa.py has the rules): every
+    node keeps its first core for housekeeping (0, 16, 32, 48: L3 0, 2, 4, 6);
+    CPU i+64 is the sibling of i. Spread gives each node two exclusive cores,
+    packed shared 13 of node 0 and 7 of node 1. On node 0 shared goes first
+    beside housekeeping (L3 0: 1-7) and then takes 8-13 of L3 1; exclusive
+    gets what is left, 14 and 15 (L3 1). On node 1 shared fills L3 2 (17-23),
+    exclusive takes the clean L3 3 (24, 25); node 2 gives 40, 41 (L3 5), node
+    3 56, 57 (L3 7). The exclusive lists in hand-out order (nodes 0, 2, 1, 3,
+    twice): 14, 40, 24, 56, 15, 41, 25, 57.
     """
     from cpupools.plan import make_request, plan_pools
     from cpupools.topology import gather_topology
@@ -535,7 +538,17 @@ def nps2(make_root, state_dir):
     root = make_root("2s32c-smt2-nps2", "sysfs")
     request = {"num_exclusive_cores": 8, "exclusive_mode": "spread", "num_shared_cores": 20}
     plan = plan_pools(gather_topology(str(root)), make_request(request))
-    assert plan["handout_order"]["exclusive"][:4] == ["1,65", "33,97", "16,80", "48,112"]
+    assert plan["handout_order"]["exclusive"] == [
+        "14,78",
+        "40,104",
+        "24,88",
+        "56,120",
+        "15,79",
+        "41,105",
+        "25,89",
+        "57,121",
+    ]
+    assert plan["pool_cpus"]["shared"] == "1-13,17-23,65-77,81-87"
     return state_dir(plan), root
 
 
@@ -546,16 +559,16 @@ def numa_env(cmk, conf, root, *opts, **env):
 def test_several_cores_come_from_one_numa_node_and_one_l3(cmk, nps2):
     conf, root = nps2
     env = numa_env(cmk, conf, root, "--pool=exclusive", CMK_NUM_CORES="2")
-    # Hand-out order would give cores 1 and 33, on two sockets; node 0 holds cores 1 and 2, both in L3 0.
-    assert env["CMK_CPUS_ASSIGNED"] == "1,65,2,66"
+    # Hand-out order would give cores 14 and 40, on two sockets; node 0 holds cores 14 and 15, both in L3 1.
+    assert env["CMK_CPUS_ASSIGNED"] == "14,78,15,79"
     assert env["CMK_NUMA_NODES_ASSIGNED"] == "0"
-    assert env["CMK_L3_DOMAINS_ASSIGNED"] == "0"
+    assert env["CMK_L3_DOMAINS_ASSIGNED"] == "1"
     # One core: the first free list in hand-out order, as CMK; its node and L3 are exported too.
     env = numa_env(cmk, conf, root, "--pool=exclusive")
     assert (env["CMK_CPUS_ASSIGNED"], env["CMK_NUMA_NODES_ASSIGNED"], env["CMK_L3_DOMAINS_ASSIGNED"]) == (
-        "1,65",
+        "14,78",
         "0",
-        "0",
+        "1",
     )
     assert tasks_of(conf) == {cl: [] for cl in tasks_of(conf)}  # all given back
 
@@ -563,9 +576,9 @@ def test_several_cores_come_from_one_numa_node_and_one_l3(cmk, nps2):
 def test_numa_locality_can_be_turned_off(cmk, nps2):
     conf, root = nps2
     env = numa_env(cmk, conf, root, "--pool=exclusive", CMK_NUM_CORES="2", CMK_NUMA_LOCALITY="0")
-    assert env["CMK_CPUS_ASSIGNED"] == "1,65,33,97"
+    assert env["CMK_CPUS_ASSIGNED"] == "14,78,40,104"
     assert env["CMK_NUMA_NODES_ASSIGNED"] == "0,2"
-    assert env["CMK_L3_DOMAINS_ASSIGNED"] == "0,4"
+    assert env["CMK_L3_DOMAINS_ASSIGNED"] == "1,5"
     res = run(
         cmk, "isolate", f"--conf-dir={conf}", "--pool=exclusive", "true", env=agent_env(CMK_NUMA_LOCALITY="maybe")
     )
@@ -575,32 +588,33 @@ def test_numa_locality_can_be_turned_off(cmk, nps2):
 def test_more_cores_than_a_node_has_come_from_the_fewest_nodes(cmk, nps2):
     conf, root = nps2
     env = numa_env(cmk, conf, root, "--pool=exclusive", CMK_NUM_CORES="5")
-    # Every node has 2 lists: node 0 (first in hand-out order) and node 2
-    # (next) whole, then 1 list from the first node with room, node 1: core 16.
-    assert env["CMK_CPUS_ASSIGNED"] == "1,65,2,66,16,80,33,97,34,98"
+    # Every node has 2 lists, so three nodes; every set of three spans both sockets, and all are as
+    # near (the distances tie), so the nodes first in hand-out order: node 0 and node 2 whole, then 1
+    # list of node 1: core 24.
+    assert env["CMK_CPUS_ASSIGNED"] == "14,78,15,79,24,88,40,104,41,105"
     assert env["CMK_NUMA_NODES_ASSIGNED"] == "0,1,2"
-    assert env["CMK_L3_DOMAINS_ASSIGNED"] == "0,2,4"
+    assert env["CMK_L3_DOMAINS_ASSIGNED"] == "1,3,5"
 
 
 def test_numa_node_selector(cmk, nps2):
     conf, root = nps2
     env = numa_env(cmk, conf, root, "--pool=exclusive", "--numa-node=3", CMK_NUM_CORES="2")
     assert (env["CMK_CPUS_ASSIGNED"], env["CMK_NUMA_NODES_ASSIGNED"], env["CMK_L3_DOMAINS_ASSIGNED"]) == (
-        "48,112,49,113",
+        "56,120,57,121",
         "3",
-        "6",
+        "7",
     )
     # with --socket-id: the node must be on that socket
     env = numa_env(cmk, conf, root, "--pool=exclusive", "--socket-id=1", "--numa-node=2")
-    assert env["CMK_CPUS_ASSIGNED"] == "33,97"
-    # a shared list spans its socket: --numa-node pins to its CPUs on that node (cores 24-30, L3 3)
+    assert env["CMK_CPUS_ASSIGNED"] == "40,104"
+    # a shared list spans its socket: --numa-node pins to its CPUs on that node (cores 17-23, L3 2)
     env = numa_env(cmk, conf, root, "--pool=shared", "--numa-node=1")
-    assert env["CMK_CPUS_ASSIGNED"] == ",".join(str(c) for c in [*range(24, 31), *range(88, 95)])
-    assert (env["CMK_NUMA_NODES_ASSIGNED"], env["CMK_L3_DOMAINS_ASSIGNED"]) == ("1", "3")
-    assert env["CMK_CPUS_ASSIGNED_MASK"] == format(sum(1 << c for c in [*range(24, 31), *range(88, 95)]), "X")
+    assert env["CMK_CPUS_ASSIGNED"] == ",".join(str(c) for c in [*range(17, 24), *range(81, 88)])
+    assert (env["CMK_NUMA_NODES_ASSIGNED"], env["CMK_L3_DOMAINS_ASSIGNED"]) == ("1", "2")
+    assert env["CMK_CPUS_ASSIGNED_MASK"] == format(sum(1 << c for c in [*range(17, 24), *range(81, 88)]), "X")
     # without --numa-node the whole list, on both nodes of socket 0
     env = numa_env(cmk, conf, root, "--pool=shared", "--socket-id=0")
-    assert env["CMK_NUMA_NODES_ASSIGNED"] == "0,1" and env["CMK_L3_DOMAINS_ASSIGNED"] == "0,1,3"
+    assert env["CMK_NUMA_NODES_ASSIGNED"] == "0,1" and env["CMK_L3_DOMAINS_ASSIGNED"] == "0,1,2"
     assert tasks_of(conf, "shared") == {cl: [] for cl in tasks_of(conf, "shared")}
 
 
@@ -641,7 +655,10 @@ def test_numa_node_refusals_change_nothing(cmk, nps2, opts, cores, status, messa
 
 
 def test_a_held_node_sends_the_workload_to_the_next_node_that_holds_it(cmk, nps2):
-    """Concurrent workloads: while one holds node 0's two lists, a second two-core isolate gets node 2's."""
+    """Concurrent workloads: while one holds node 0's two lists, a second two-core isolate gets node 2's.
+
+    Node 2 comes first in hand-out order among the nodes left, and its two lists share one L3.
+    """
     conf, root = nps2
     env = agent_env(CPUPOOLS_SYSFS_ROOT=str(root), CMK_NUM_CORES="2")
     base = [cmk, "isolate", f"--conf-dir={conf}", "--pool=exclusive", "--no-affinity", "--"]
@@ -653,9 +670,9 @@ def test_a_held_node_sends_the_workload_to_the_next_node_that_holds_it(cmk, nps2
         stdout=subprocess.PIPE,
     )
     try:
-        assert holder.stdout.readline() == "1,65,2,66\n"  # waits until the first one holds its lists
+        assert holder.stdout.readline() == "14,78,15,79\n"  # waits until the first one holds its lists
         second = numa_env(cmk, conf, root, "--pool=exclusive", CMK_NUM_CORES="2")
-        assert (second["CMK_CPUS_ASSIGNED"], second["CMK_NUMA_NODES_ASSIGNED"]) == ("33,97,34,98", "2")
+        assert (second["CMK_CPUS_ASSIGNED"], second["CMK_NUMA_NODES_ASSIGNED"]) == ("40,104,41,105", "2")
     finally:
         holder.communicate("\n", timeout=30)
     assert holder.returncode == 0
