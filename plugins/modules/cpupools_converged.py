@@ -109,6 +109,14 @@ exports:
     - Each is null when the node was not compared (O(compare) false, or the state absent).
   returned: success
   type: dict
+kubelet_line:
+  description:
+    - Added by the module's action on a host whose C(cpupools_runtime) is C(kubelet) and whose kernel
+      stage has work, before any stage writes, how many CPUs pods can use and the reserved set; the
+      plan play prints these lines once for the play.
+  returned: on such hosts
+  type: str
+  sample: "host epyc-1: kubelet 1.36: pods can use 368 of 384 CPUs; reservedSystemCPUs 0,24,... (...)"
 k8s_skip_reason:
   description:
     - Why the k8s stage does nothing on this host (C(cpupools_k8s_enabled) false, or

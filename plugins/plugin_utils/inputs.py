@@ -11,7 +11,6 @@ import os
 
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.module_utils.errors import UnsupportedError
-from ansible.utils.display import Display
 
 PREFIX = "cpupools_"
 
@@ -51,7 +50,7 @@ def run_plan_module(action, module_name, args, task_vars):
         return {"failed": True, "changed": False, "msg": refusal}
     line = kubelet_line(args.get("host"), result)
     if line:
-        Display().display(line)
+        result["kubelet_line"] = line  # the plan play's role prints them, once for the play
     return result
 
 

@@ -70,6 +70,9 @@ def wait_for_state(root: Path) -> dict:
     return json.loads(text)
 
 
+PODS_CAN_USE = "Say how many CPUs pods can use on the kubelet nodes this run changes"
+
+
 def inventory(tmp_path: Path, kube: FakeKube, roots: dict[str, Path], broken: str | None = None) -> str:
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube.url, token="tok")
     lines = ["all:", "  children:", "    cpupools_nodes:", "      hosts:"]
@@ -133,6 +136,14 @@ def test_kubelet_runtime_end_to_end_with_the_reboot(playbook, tmp_path, cluster,
 
     site = playbook(REPO / "site.yml", None, inventory=inv)
     assert site.rc == 0, site.messages() + site.stderr[-2000:]
+    # Before anything was written, the plan play said what pods can use on each node (16 CPUs, one
+    # NUMA node: one housekeeping core, CPUs 0 and 8); no kubelet on this machine: 1.33 is assumed.
+    said = site.result(PODS_CAN_USE, "node-1")["msg"]
+    assert said == [
+        f"host {node}: kubelet 1.33: pods can use 14 of 16 CPUs; reservedSystemCPUs 0,8 (the housekeeping CPUs "
+        "of 1 NUMA node(s))"
+        for node in NODES
+    ]
     for node, root in nodes.items():
         result = site.result(WRITE, node)
         assert result["restart_required"] is True
@@ -150,6 +161,7 @@ def test_kubelet_runtime_end_to_end_with_the_reboot(playbook, tmp_path, cluster,
     again = playbook(REPO / "site.yml", None, inventory=inv)
     assert again.rc == 0
     assert [again.changed(node) for node in NODES] == [0, 0]
+    assert again.result(PODS_CAN_USE, "node-1")["msg"] == said  # still pending the restart: said again
     assert snapshots(nodes) == written
 
     # Check mode of the rollout: it predicts the drain, the kubelet's stop and start, the reboot and
@@ -199,6 +211,8 @@ def test_kubelet_runtime_end_to_end_with_the_reboot(playbook, tmp_path, cluster,
         res = playbook(pb, None, inventory=inv)
         assert res.rc == 0, res.messages()
         assert [name for name in changed_tasks(res) if "fleet report" not in name] == []
+        if pb.name == "site.yml":  # converged: nothing to say
+            assert res.result(PODS_CAN_USE, "node-1").get("skipped") is True
     assert snapshots(nodes) == settled
 
     # A change of a kubelet knob alone (no reboot pending): drained and restarted on its own.
