@@ -449,6 +449,49 @@ def test_workload_starts_with_default_signals_and_an_empty_mask(cmk, state_dir):
     assert res.stdout == "y\nSigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n"
 
 
+def _ignored_in_background(tmp_path: Path, name: str, command: str) -> tuple[str, int]:
+    """Start ``command`` as ``nohup COMMAND &`` from a non-interactive shell (SIGHUP, SIGINT and SIGQUIT
+    ignored); return ``(SigIgn of its workload, PID of the command)`` once the workload has reported."""
+    out, pidfile = tmp_path / f"{name}.sigign", tmp_path / f"{name}.pid"
+    script = tmp_path / f"{name}.sh"
+    script.write_text(f"grep '^SigIgn' /proc/self/status > {out}.t; mv {out}.t {out}; while :; do sleep 0.05; done\n")
+    subprocess.run(
+        ["sh", "-c", f"nohup {command} sh {script} >/dev/null 2>&1 & echo $! > {pidfile}"],
+        env=agent_env(),
+        check=True,
+        timeout=20,
+    )
+    deadline = time.monotonic() + 20
+    while not out.exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    return out.read_text().split()[1], int(pidfile.read_text())
+
+
+def test_signals_the_parent_left_ignored_stay_ignored_and_others_are_forwarded(cmk, state_dir, tmp_path):
+    """Under nohup, as a background job: the workload ignores SIGHUP, SIGINT and SIGQUIT as a direct exec would."""
+    conf = state_dir(PLAN_2X)
+    direct, direct_pid = _ignored_in_background(tmp_path, "direct", "")
+    os.kill(direct_pid, signal.SIGKILL)
+    isolated, pid = _ignored_in_background(tmp_path, "isolated", f"{cmk} isolate --conf-dir={conf} --pool=exclusive --")
+    try:
+        assert int(direct, 16) & 0b111 == 0b111  # HUP, INT, QUIT: what nohup and the shell left ignored
+        assert isolated == direct
+        assert tasks_of(conf)["1"] == [pid]
+        os.kill(pid, signal.SIGHUP)  # ignored by isolate as by its workload: both keep running
+        time.sleep(0.3)
+        assert st.read_proc_stat("/proc", pid)[1] != "Z" and tasks_of(conf)["1"] == [pid]
+        os.kill(pid, signal.SIGTERM)  # still forwarded: the workload ends, the list is given back
+        deadline = time.monotonic() + 20
+        while (stat := st.read_proc_stat("/proc", pid)) is not None and stat[1] != "Z":
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert tasks_of(conf) == {"0": [], "1": []}
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e400", "-1", "x"])
 def test_odd_intervals_are_usage_errors(cmk, state_dir, value):
     conf = state_dir(PLAN_2X)

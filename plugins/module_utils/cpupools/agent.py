@@ -182,6 +182,15 @@ class _Signals:
     stop (SIGTSTP, SIGTTIN, SIGTTOU) is forwarded once the child runs and
     otherwise dropped; any other signal before the child starts makes isolate
     give the lists back and exit 128+N.
+
+    A signal that isolate's parent left ignored (``nohup`` ignores SIGHUP, a
+    shell's background job SIGINT and SIGQUIT) stays ignored, in isolate and
+    in the workload, as a direct ``exec`` and CMK's ``Popen`` keep it: it is
+    neither handled nor forwarded, and the child does not reset it
+    (``ignored``). SIGPIPE and SIGXFSZ are the exception: Python ignores them
+    itself at start-up, so their inherited disposition cannot be known; they
+    are forwarded, and reset to the default in the child, as ``subprocess``
+    and CMK do.
     """
 
     SKIP = ("SIGKILL", "SIGSTOP", "SIGCHLD", "SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGTRAP", "SIGSYS")
@@ -197,11 +206,16 @@ class _Signals:
         self.pending: list[int] = []
         skip = {getattr(sigmod, name) for name in self.SKIP if hasattr(sigmod, name)}
         self.harmless = {getattr(sigmod, name) for name in self.HARMLESS if hasattr(sigmod, name)}
+        python_ignores = {sigmod.SIGPIPE, sigmod.SIGXFSZ}
         self.saved = {}
+        self.ignored: list[int] = []
         for num in sorted(int(n) for n in sigmod.valid_signals()):
             if num in skip:
                 continue
-            try:  # noqa: SIM105 - contextlib costs ~1 ms of start-up
+            try:
+                if num not in python_ignores and sigmod.getsignal(num) == sigmod.SIG_IGN:
+                    self.ignored.append(num)  # left ignored by the parent: it stays so, here and in the child
+                    continue
                 self.saved[num] = sigmod.signal(num, self._handle)
             except (OSError, ValueError):  # reserved by the C library
                 pass
@@ -232,7 +246,8 @@ def spawn(command: str, argv: list[str], env: dict, signals: _Signals) -> int:
 
     ``fork`` + ``exec`` rather than ``posix_spawn``, for what the child does
     before ``exec``: it resets to their defaults the dispositions Python changed
-    (SIGPIPE and SIGXFSZ ignored, the forwarding handlers) and the signal mask,
+    (SIGPIPE and SIGXFSZ ignored, the forwarding handlers; a signal the parent
+    left ignored stays ignored, see ``_Signals``) and the signal mask,
     and asks the kernel to SIGKILL it when isolate dies (``PR_SET_PDEATHSIG``;
     so a SIGKILLed isolate takes its workload with it, and the lists that
     reconcile frees are really free). Signals are blocked from before the fork
