@@ -501,6 +501,43 @@ def test_odd_intervals_are_usage_errors(cmk, state_dir, value):
         assert res.stderr == f"cmk: --interval={value!r} is not a number of seconds from 0 to 86400\n"
 
 
+HOSTILE = "\x1b[31m" + "A" * 5000  # a terminal escape, then more than any message should carry
+LONG_NAME = "/" + "p" * 300  # one name over NAME_MAX
+LONG_PATH = "/" + "/".join(["l" * 200] * 30)  # over PATH_MAX
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "status", "names"),
+    [
+        (["isolate", "--pool=exclusive", "true"], {"CMK_ISOLATE_SHELL": HOSTILE}, 64, "CMK_ISOLATE_SHELL="),
+        (["reconcile", f"--interval={HOSTILE}"], {}, 64, "--interval="),
+        (["isolate", "--pool=exclusive", "true"], {"CMK_PROC_FS": HOSTILE}, 64, "CMK_PROC_FS="),
+        (["reconcile"], {"CMK_PROC_FS": LONG_NAME}, 64, "CMK_PROC_FS="),
+        (["reconcile"], {"CMK_PROC_FS": LONG_PATH}, 64, "CMK_PROC_FS="),
+        (["describe", f"--conf-dir={LONG_NAME}"], {}, 64, "--conf-dir="),
+        (["describe", f"--conf-dir={LONG_PATH}"], {}, 64, "--conf-dir="),
+        (["reconcile", f"--metrics-dir={LONG_PATH}"], {}, 64, "--metrics-dir="),
+        (["describe"], {"CMK_LOCK_TIMEOUT": HOSTILE}, 64, "CMK_LOCK_TIMEOUT="),
+        (["isolate", f"--pool={HOSTILE}", "true"], {}, 65, "requested pool '"),
+        (["isolate", f"--socket-id={HOSTILE}", "--pool=exclusive", "true"], {}, 64, "--socket-id="),
+        (["isolate", "--pool=exclusive", HOSTILE], {}, 126, "cannot run '"),
+        (["describe", f"--{HOSTILE}"], {}, 64, "unknown option '--"),
+    ],
+)
+def test_a_hostile_or_huge_value_is_quoted_shortened(cmk, state_dir, args, env, status, names):
+    """Named and quoted shortened in one line; a path the kernel would refuse is the usage exit, not an OS error."""
+    conf = state_dir(PLAN_2X)
+    sub, rest = args[0], args[1:]
+    conf_opt = [] if any(a.startswith("--conf-dir=") for a in rest) else [f"--conf-dir={conf}"]
+    res = run(cmk, sub, *conf_opt, *rest, env=agent_env(**env))
+    assert res.returncode == status, res.stderr[:300]
+    line = res.stderr.removesuffix("\n")
+    assert line.startswith(f"cmk: {names}") or f": {names}" in line, line[:300]
+    assert len(line) < 160 and line.isprintable(), line[:300]
+    assert any(cut in line for cut in ("AAAAAAAAAA...A'", "lllll...l'", "ppppp...p'")), line  # quoted, shortened
+    assert tasks_of(conf) == {"0": [], "1": []}
+
+
 def test_a_huge_cmk_num_cores_is_a_usage_error(cmk, state_dir):
     conf = state_dir(PLAN_2X)
     res = run(cmk, "isolate", f"--conf-dir={conf}", "--pool=exclusive", "true", env=agent_env(CMK_NUM_CORES="9" * 5000))

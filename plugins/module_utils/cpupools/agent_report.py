@@ -11,7 +11,7 @@ import os
 import sys
 
 from . import state as st
-from .agent_base import EXIT_OK, conf_dir, seconds, self_identity, tasks_or_none
+from .agent_base import EXIT_OK, checked_path, conf_dir, proc_fs_of, seconds, self_identity, tasks_or_none
 from .errors import CpupoolsError, StateError
 
 # reconcile ----------------------------------------------------------------------
@@ -237,6 +237,7 @@ def after_pass_hook(opts: dict[str, str | bool], environ: dict[str, str] | os._E
     kubeconfig = str(opts.get("--kubeconfig") or environ.get("CPUPOOLS_KUBECONFIG") or "")
     if not kubeconfig:
         return None
+    checked_path("--kubeconfig" if opts.get("--kubeconfig") else "CPUPOOLS_KUBECONFIG", kubeconfig)
     import socket
 
     node = str(opts.get("--node-name") or environ.get("NODE_NAME") or socket.gethostname())
@@ -291,8 +292,10 @@ def cmd_reconcile(opts: dict[str, str | bool], environ: dict[str, str] | os._Env
     conf = conf_dir(opts)
     interval = seconds(opts, "--interval")
     timeout = st.lock_timeout(environ)
-    proc_fs = environ.get("CMK_PROC_FS") or "/proc"
+    proc_fs = proc_fs_of(environ)
     metrics = str(opts.get("--metrics-dir") or environ.get("CPUPOOLS_METRICS_DIR") or "")
+    if metrics:
+        checked_path("--metrics-dir" if opts.get("--metrics-dir") else "CPUPOOLS_METRICS_DIR", metrics)
     hook = after_pass_hook(opts, environ)
     while True:
         try:
@@ -408,7 +411,8 @@ def cmd_json(sub: str, opts: dict[str, str | bool], environ: dict[str, str] | os
         if sub == "describe":
             data = describe(conf, timeout, strays)
         else:
-            data = node_report(conf, timeout, environ.get("CPUPOOLS_SYSFS_ROOT") or "/", strays)
+            sysfs = checked_path("CPUPOOLS_SYSFS_ROOT", environ.get("CPUPOOLS_SYSFS_ROOT") or "/")
+            data = node_report(conf, timeout, sysfs, strays)
         for line in strays:
             sys.stderr.write(f"cmk {sub}: skipped: {line}\n")
         sys.stdout.write(json.dumps(data, indent=2, sort_keys=True) + "\n")

@@ -59,6 +59,7 @@ from .errors import (
     StateError,
     StatePermissionError,
     UsageError,
+    show,
 )
 
 DEFAULT_CONF_DIR = "/etc/cmk"
@@ -171,11 +172,11 @@ def lock_timeout(environ: dict[str, str]) -> float:
     if raw is None or raw == "":
         return DEFAULT_LOCK_TIMEOUT
     try:
-        value = float(raw)
+        value = float(raw) if len(raw) <= 32 else -1.0
     except ValueError:
         value = -1.0
     if not value > 0:
-        raise UsageError(f"CMK_LOCK_TIMEOUT={raw!r} is not a positive number of seconds")
+        raise UsageError(f"CMK_LOCK_TIMEOUT={show(raw)} is not a positive number of seconds")
     return value
 
 
@@ -300,20 +301,21 @@ def proc_view_problem(proc_fs: str, pid: int, node_ns: int | None = None) -> str
         ns_ino = os.stat(f"{proc_fs}/self/ns/pid").st_ino
     except (OSError, ValueError):
         nspid, ns_ino = [], INIT_PID_NS_INO  # an old kernel or a fake procfs: nothing to compare
+    shown = show(proc_fs)
     if len(nspid) == 1 and ns_ino not in (INIT_PID_NS_INO, node_ns):
         return (
-            f"{proc_fs} shows only the PID namespace cmk runs in (its PID there is {pid}), not the host's: "
+            f"CMK_PROC_FS={shown} shows only the PID namespace cmk runs in (its PID there is {pid}), not the host's: "
             "mount the host /proc and set CMK_PROC_FS to it"
         )
     if nspid and nspid[0] != pid:
-        return f"{proc_fs}/self/status gives PID {nspid[0]}, {proc_fs}/self/stat gives {pid}"
+        return f"CMK_PROC_FS={shown}: its self/status gives PID {nspid[0]}, its self/stat gives {pid}"
     try:
         visible = read_proc_stat(proc_fs, 1) is not None
     except PermissionError:
         visible = False
     if not visible:
         return (
-            f"{proc_fs} hides other users' processes (PID 1 is not visible: hidepid?), so live holders "
+            f"CMK_PROC_FS={shown} hides other users' processes (PID 1 is not visible: hidepid?), so live holders "
             "would look dead: mount a procfs without hidepid and set CMK_PROC_FS to it"
         )
     return None
