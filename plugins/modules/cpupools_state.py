@@ -138,6 +138,7 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.errors import CpupoolsError
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.state import shown
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.state_writer import converge
 
 ARGUMENT_SPEC = {
@@ -191,7 +192,7 @@ def main():
         module.fail_json(msg=exc.describe(params["host"]))
     except OSError as exc:  # the node's file system refused a write (read-only, full, ...)
         prefix = f"host {params['host']}: " if params["host"] else ""
-        where = f" ({exc.filename})" if exc.filename else ""
+        where = f" ({shown(str(exc.filename))})" if exc.filename else ""
         module.fail_json(msg=f"{prefix}cpupools_state: cannot write the pool state: {exc.strerror or exc}{where}")
     for warning in result.pop("warnings"):
         module.warn(f"{conf_dir}: {warning}")

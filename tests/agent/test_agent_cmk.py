@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from agent_support import PLAN_1X, PLAN_2X, agent_env, make_plan, tasks_of
+from agent_support import PLAN_1X, PLAN_2X, agent_env, make_plan, tasks_of, tree_snapshot
 from cpupools import state as st
 
 #: A plan whose CPUs this 2-CPU machine does not have: used with --no-affinity for hand-out checks.
@@ -499,6 +499,50 @@ def test_odd_intervals_are_usage_errors(cmk, state_dir, value):
         res = run(cmk, sub, f"--conf-dir={conf}", f"--interval={value}")
         assert res.returncode == 64
         assert res.stderr == f"cmk: --interval={value!r} is not a number of seconds from 0 to 86400\n"
+
+
+@pytest.mark.parametrize("replacement", ["directory", "symlink"])
+def test_a_conf_dir_replaced_during_an_isolate_does_not_split_it(cmk, state_dir, tmp_path, replacement):
+    """The lists are given back in the tree they were taken from; the tree now at the path is not touched."""
+    conf = state_dir(PLAN_2X)
+    stop = tmp_path / "stop"
+    proc = subprocess.Popen(
+        [
+            cmk,
+            "isolate",
+            f"--conf-dir={conf}",
+            "--pool=exclusive",
+            "--",
+            "sh",
+            "-c",
+            f"until [ -e {stop} ]; do sleep 0.02; done",
+        ],
+        env=agent_env(),
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while tasks_of(conf)["1"] != [proc.pid]:
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.02)
+        moved = tmp_path / "cmk.moved"
+        os.rename(conf, moved)
+        copy = tmp_path / "cmk.copy"
+        shutil.copytree(moved, copy, symlinks=True)  # holds the PID too, as a restored backup would
+        if replacement == "directory":
+            os.rename(copy, conf)
+            now = tree_snapshot(conf)
+        else:
+            conf.symlink_to(copy)
+            now = tree_snapshot(copy)
+        assert tasks_of(conf)["1"] == [proc.pid]
+        stop.touch()
+        assert proc.wait(timeout=20) == 0
+        assert tasks_of(moved) == {"0": [], "1": []}  # given back where it was taken
+        assert tree_snapshot(conf if replacement == "directory" else copy) == now  # the new tree untouched
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 HOSTILE = "\x1b[31m" + "A" * 5000  # a terminal escape, then more than any message should carry

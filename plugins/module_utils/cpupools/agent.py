@@ -542,7 +542,9 @@ def cmd_isolate(opts: dict[str, str | bool], positional: list[str], environ: dic
         numa_node = int(node_raw)
     else:
         raise UsageError(f"--numa-node={show(node_raw)} is not a NUMA node number (or -1 for any)")
-    conf = conf_dir(opts)
+    # One handle on the state directory for the whole isolate: the lists are taken and given back in the
+    # tree it opened, even if the directory is replaced meanwhile (state.ConfDir).
+    conf = st.open_conf(conf_dir(opts)).path
     timeout = st.lock_timeout(environ)
     proc_fs = proc_fs_of(environ)
     pool_name = str(pool_name)
@@ -574,7 +576,9 @@ def cmd_isolate(opts: dict[str, str | bool], positional: list[str], environ: dic
         try:
             release(conf, pool_name, pid, timeout)
         except CpupoolsError as exc:
-            sys.stderr.write(f"cmk isolate: could not release cpu lists of PID {pid} ({exc}); reconcile will\n")
+            sys.stderr.write(
+                f"cmk isolate: could not release cpu lists of PID {pid} ({st.shown(str(exc))}); reconcile will\n"
+            )
 
 
 class _Exit(Exception):
@@ -608,20 +612,20 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(USAGE)
         return EXIT_OK
     except _Exit as exc:
-        sys.stderr.write(f"cmk: {exc}\n")
+        sys.stderr.write(f"cmk: {st.shown(str(exc))}\n")
         return exc.status
     except StateError as exc:
-        sys.stderr.write(f"cmk: {exc}\n")
+        sys.stderr.write(f"cmk: {st.shown(str(exc))}\n")
         return exc.exit_status
     except CpupoolsError as exc:
-        sys.stderr.write(f"cmk: {exc}\n")
+        sys.stderr.write(f"cmk: {st.shown(str(exc))}\n")
         return StateError.exit_status
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
         return EXIT_OK
     except OSError as exc:
-        where = f" ({exc.filename})" if exc.filename else ""
+        where = f" ({st.shown(str(exc.filename))})" if exc.filename else ""
         sys.stderr.write(f"cmk: {exc.strerror or exc}{where}\n")
         return EXIT_OSERR
     except Exception as exc:  # a bug: still one line, and a distinct status

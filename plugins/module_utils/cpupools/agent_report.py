@@ -33,6 +33,18 @@ PREPARE_LISTS = 32
 def reconcile_pass(
     conf: str, proc_fs: str, timeout: float, strays: list[str] | None = None
 ) -> tuple[list[dict], dict[str, tuple[int, int]]]:
+    """``_reconcile_pass`` through one handle on the state directory (``state.ConfDir``), opened for this pass."""
+    strays = [] if strays is None else strays
+    with st.open_conf(conf) as handle:
+        try:
+            return _reconcile_pass(handle.path, proc_fs, timeout, strays)
+        finally:
+            strays[:] = [st.shown(line) for line in strays]
+
+
+def _reconcile_pass(
+    conf: str, proc_fs: str, timeout: float, strays: list[str] | None = None
+) -> tuple[list[dict], dict[str, tuple[int, int]]]:
     """One pass: free the cpulists of dead tasks and of reused PIDs; remove crash leftovers.
 
     The state is scanned without the lock; only the lists with something to
@@ -313,7 +325,7 @@ def cmd_reconcile(opts: dict[str, str | bool], environ: dict[str, str] | os._Env
         except CpupoolsError as exc:
             if interval <= 0:
                 raise
-            sys.stderr.write(f"cmk reconcile: {exc}\n")
+            sys.stderr.write(f"cmk reconcile: {st.shown(str(exc))}\n")
         if interval <= 0:
             return EXIT_OK
         time.sleep(interval)
@@ -329,8 +341,8 @@ def describe(conf: str, timeout: float, strays: list[str] | None = None) -> dict
     appended to ``strays`` (one line each).
     """
     strays = [] if strays is None else strays
-    with st.StateLock(conf, timeout):
-        pools = st.read_state(conf, strays=strays)
+    with st.open_conf(conf) as handle, st.StateLock(handle.path, timeout):
+        pools = st.read_state(handle.path, strays=strays)
         tasks = {}
         for pool in pools.values():
             for cl in pool.cpulists():
@@ -338,6 +350,7 @@ def describe(conf: str, timeout: float, strays: list[str] | None = None) -> dict
                     tasks[cl.path] = list(cl.tasks)
                 except StateError as exc:
                     strays.append(str(exc).removeprefix("state is corrupt: "))
+        strays[:] = [st.shown(line) for line in strays]
     return {
         "pools": {
             name: {

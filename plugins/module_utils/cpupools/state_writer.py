@@ -733,9 +733,64 @@ def converge(
     ``live_tasks``, ``affinity`` (pid -> CPUs re-pinned), ``fingerprint``,
     ``tasks`` (pool -> cpulist -> PIDs after the run) and ``warnings``
     (stray entries in the state, ignored).
-    Raises ``StateError`` (corrupt state without ``force``, lock timeout) or
-    ``ResizeError`` (live tasks that do not fit) before writing anything.
+    Raises ``StateError`` (a conf dir others could have planted, corrupt state
+    without ``force``, lock timeout) or ``ResizeError`` (live tasks that do
+    not fit) before writing anything.
+
+    The conf dir is opened once (``state.open_conf``: refused when it, or a
+    directory on its way that others may write, is a symlink, not a
+    directory, or not root's), and the lock, the reads and the writes all go
+    through that one handle, so a conf dir replaced meanwhile is never half
+    written. It is created (mode 0755) when missing, except in check mode and
+    for ``present=False``, where a missing one means "nothing there".
     """
+    options = {
+        "present": present,
+        "force": force,
+        "task_gid": task_gid,
+        "proc_fs": proc_fs,
+        "lock_timeout": lock_timeout,
+        "check_mode": check_mode,
+        "update_affinity": update_affinity,
+    }
+    try:
+        handle = st.open_conf(conf_dir, create=present and not check_mode)
+    except st.MissingStateDir:
+        # Check mode, or state absent: nothing is there to lock, read or remove (nothing is written).
+        return _converge(conf_dir, plan, **options)
+    with handle:
+        result = _converge(handle.path, plan, **options)
+        identity = os.fstat(handle.fd)
+    result["warnings"] = [st.shown(line) for line in result["warnings"]]
+    if not present and result["changed"] and not check_mode:
+        _remove_dir_if(conf_dir, identity)
+    return result
+
+
+def _remove_dir_if(path: str, identity: os.stat_result) -> None:
+    """Remove the emptied conf dir, if the name still holds the directory that was emptied (and it is empty)."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return
+    if (info.st_dev, info.st_ino) == (identity.st_dev, identity.st_ino):
+        with contextlib.suppress(OSError):  # not empty: something else lives there; leave it
+            os.rmdir(path)
+
+
+def _converge(
+    conf_dir: str,
+    plan: dict | None,
+    *,
+    present: bool,
+    force: bool,
+    task_gid: int | None,
+    proc_fs: str,
+    lock_timeout: float,
+    check_mode: bool,
+    update_affinity: bool,
+) -> dict:
+    """``converge`` on the conf dir ``conf_dir``, as opened (a ``/proc/self/fd/<fd>`` path)."""
     if present:
         if plan is None:
             raise StateError("a plan is required when state is present", "plan")
@@ -752,8 +807,6 @@ def converge(
     }
     pools_dir = os.path.join(conf_dir, st.POOLS)
     lock_path = os.path.join(conf_dir, st.LOCK)
-    if os.path.lexists(conf_dir) and not os.path.isdir(conf_dir):
-        raise StateError(f"{conf_dir} is not a directory", "conf_dir")
     if not present and not any(
         os.path.lexists(os.path.join(conf_dir, name)) for name in (st.POOLS, st.LOCK, st.META, st.NEW_TREE)
     ):
@@ -828,8 +881,6 @@ def converge(
                     _remove(os.path.join(conf_dir, name))
                 for name in (st.META, st.ORDER, st.AGENT_SETTINGS, st.LOCK):
                     _remove(os.path.join(conf_dir, name))
-                with contextlib.suppress(OSError):  # not empty: something else lives there; leave it
-                    os.rmdir(conf_dir)
             return result
         new_tasks, moves = resize_tasks(cur_tasks, live, desired, meta["handout_order"], stale)
         names = desired_names(desired, cur_names)
