@@ -662,6 +662,63 @@ def _entry_live(tasks: dict, starts: dict[Entry, dict[int, int]], proc_fs: str) 
     return out
 
 
+def carry_v15(
+    tasks: dict[str, dict[str, dict[str, list[int]]]], cmk_v15: dict, desired: dict[str, dict], proc_fs: str
+) -> tuple[dict[str, dict[str, dict[str, list[int]]]], dict, list[str]]:
+    """The task map of the state with the live tasks of CMK v1.5's ConfigMap added: ``(tasks, summary, warnings)``.
+
+    A PID of the ConfigMap that runs is added to its cpulist (matched by its
+    CPUs, in the same pool, on whatever socket the plan puts them), as the
+    PID of a v1.4 ``tasks`` file is kept: it holds the list until it exits
+    (``cmk reconcile`` frees it then), and a list the new plan does not have
+    moves it or refuses the change (``resize_tasks``). A PID the state holds
+    already (carried before, or one of ours) is not added again; a PID that
+    does not run is left out. ``summary``: ``configmaps``, and ``live``,
+    ``dead``, ``carried`` (this run) among the PIDs the ConfigMap names.
+    Warns when a v1.5 task and a task of the state hold one exclusive list.
+    """
+    from . import cmk15
+
+    v15 = cmk15.parse_config(cmk_v15.get("tasks") or {}, "cmk_v15")
+    named = cmk15.named_pids(v15)
+    live = {pid for pid in named if st.task_alive(proc_fs, pid)}
+    held = {pid for sockets in tasks.values() for lists in sockets.values() for pids in lists.values() for pid in pids}
+    where = {
+        (pool, key): socket
+        for pool, spec in desired.items()
+        for socket, keys in spec["sockets"].items()
+        for key in keys
+    }
+    merged = {
+        p: {s: {c: list(pids) for c, pids in lists.items()} for s, lists in sk.items()} for p, sk in tasks.items()
+    }
+    carried: set[int] = set()
+    warnings = []
+    for pool, sockets in v15.items():
+        for socket, lists in sockets.items():
+            for cpus, pids in lists.items():
+                key = list_key(cpus)
+                add = [pid for pid in pids if pid in live and pid not in held]
+                if not add:
+                    continue
+                entry = merged.setdefault(pool, {}).setdefault(where.get((pool, key), socket), {}).setdefault(key, [])
+                others = [pid for pid in entry if st.task_alive(proc_fs, pid)]
+                if others and desired.get(pool, {}).get("exclusive"):
+                    warnings.append(
+                        f"exclusive cpulist {pool}:{key} is held by PID {', '.join(map(str, add))} of CMK v1.5 "
+                        f"and by PID {', '.join(map(str, others))} of the state: both keep it until they exit"
+                    )
+                entry.extend(pid for pid in add if pid not in entry)
+                carried.update(add)
+    summary = {
+        "configmaps": list(cmk_v15.get("configmaps") or []),
+        "live": sorted(live),
+        "dead": sorted(set(named) - live),
+        "carried": sorted(carried),
+    }
+    return merged, summary, warnings
+
+
 def _holders(tasks: dict, live: set[int]) -> list[str]:
     return [
         f"PID {pid} on {pool}:{cpus}"
@@ -726,6 +783,8 @@ def converge(
     lock_timeout: float = st.DEFAULT_LOCK_TIMEOUT,
     check_mode: bool = False,
     update_affinity: bool = True,
+    cmk_v15: dict | None = None,
+    cmk15_traces: str = "",
 ) -> dict:
     """Make ``conf_dir`` hold ``plan``'s state (or nothing when not ``present``).
 
@@ -743,7 +802,23 @@ def converge(
     through that one handle, so a conf dir replaced meanwhile is never half
     written. It is created (mode 0755) when missing, except in check mode and
     for ``present=False``, where a missing one means "nothing there".
+
+    ``cmk_v15`` is what ``cmk15.read_tasks`` read from the node's CMK v1.5
+    ConfigMap (``configmaps``, ``tasks``): its live tasks are carried into the
+    state as the tasks of the directory are (``carry_v15``), and the result
+    says which of the PIDs it names run (``cmk_v15``: ``live``, ``dead``,
+    ``carried``). ``cmk15_traces`` says why the node looks like a CMK v1.5 node
+    (``cmk15.traces_on_node``): without ``cmk_v15`` such a node is refused,
+    since its running workloads' lists would be handed out again.
     """
+    if present and cmk15_traces and cmk_v15 is None:
+        raise StateError(
+            f"CMK v1.5 runs on this node ({cmk15_traces}) and keeps its task lists only in its ConfigMap "
+            "cmk-config-<node>, which was not read: adopting now would hand out the CPUs of its running "
+            "workloads again; set cpupools_k8s_kubeconfig (or cpupools_k8s_in_cluster) so that the "
+            "cpupools_agent role reads it",
+            "k8s_kubeconfig",
+        )
     options = {
         "present": present,
         "force": force,
@@ -752,6 +827,7 @@ def converge(
         "lock_timeout": lock_timeout,
         "check_mode": check_mode,
         "update_affinity": update_affinity,
+        "cmk_v15": cmk_v15,
     }
     try:
         handle = st.open_conf(conf_dir, create=present and not check_mode)
@@ -789,6 +865,7 @@ def _converge(
     lock_timeout: float,
     check_mode: bool,
     update_affinity: bool,
+    cmk_v15: dict | None,
 ) -> dict:
     """``converge`` on the conf dir ``conf_dir``, as opened (a ``/proc/self/fd/<fd>`` path)."""
     if present:
@@ -855,6 +932,10 @@ def _converge(
             cur_meta = st.read_meta(conf_dir) if has_state else {}
         except StateError:
             cur_meta = {"corrupt": True}
+        disk_tasks = cur_tasks
+        if cmk_v15 is not None and present:
+            cur_tasks, result["cmk_v15"], notes = carry_v15(cur_tasks, cmk_v15, desired, proc_fs)
+            result["warnings"].extend(notes)
         entries = _entry_live(cur_tasks, cur_starts, proc_fs)
         live = {entry[3] for entry in entries}
         stale = {
@@ -866,7 +947,7 @@ def _converge(
             if pid in live and (pool, socket, key, pid) not in entries
         }
         result["live_tasks"] = sorted(live)
-        result["before"] = render_state(cur_layout, cur_tasks, cur_meta, cur_names) if has_state else ""
+        result["before"] = render_state(cur_layout, disk_tasks, cur_meta, cur_names) if has_state else ""
         if not present:
             if live and not force:
                 raise ResizeError(
@@ -898,7 +979,7 @@ def _converge(
             not has_state
             or cur_layout != desired
             or names != cur_names
-            or new_tasks != cur_tasks
+            or new_tasks != disk_tasks
             or new_starts != {e: s for e, s in cur_starts.items() if s}
             or bool(tree_mode_problems(conf_dir, desired, task_gid, names))
         )
