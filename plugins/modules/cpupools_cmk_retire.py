@@ -37,7 +37,7 @@ options:
   checked:
     description:
       - Node name to what its M(cpupools.cpupools.cpupools_state) run found of the PIDs CMK v1.5's ConfigMap
-        C(cmk-config-<node>) names (its return value C(cmk_v15): C(live), C(dead)).
+        C(cmk-config-<node>) names (its return value C(cmk_v15), with C(live) and C(dead)).
       - That ConfigMap is kept while it names a PID not found dead there (a running v1.5 workload, or a PID
         not checked), with the reason.
     type: dict
