@@ -145,3 +145,12 @@ def test_live_v15_tasks_are_carried_and_dead_ones_left_out(tmp_path, running):
     # Carried once: the next run with the same ConfigMap changes nothing.
     again = sw.converge(str(conf), PLAN, cmk_v15=v15, update_affinity=False)
     assert again["changed"] is False and again["cmk_v15"]["carried"] == []
+
+
+def test_a_read_that_found_no_configmap_lets_the_state_start_empty(tmp_path):
+    """A foreign cmk but no v1.5 ConfigMap in the cluster: nothing to carry, nothing refused."""
+    conf = tmp_path / "cmk"
+    nothing = {"configmaps": [], "tasks": {}}
+    result = sw.converge(str(conf), PLAN, cmk_v15=nothing, cmk15_traces="x", update_affinity=False)
+    assert result["changed"] and result["cmk_v15"] == {"configmaps": [], "live": [], "dead": [], "carried": []}
+    assert (conf / "pools/exclusive/0/1,45/tasks").read_text() == ""
