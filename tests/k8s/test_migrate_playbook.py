@@ -245,8 +245,15 @@ def test_migrate_a_cmk15_node_carries_its_configmap_tasks_and_keeps_it_while_the
         "cpupools_k8s_in_cluster: true; adopting without them would hand out the CPUs of its running workloads again"
     )
     assert tree_snapshot(root) == before and len(fake.writes()) == writes
-    # With it: the v1.5 workloads keep their lists in the pool state; the ConfigMap stays while they run.
+    # With it: check mode reads the ConfigMap and changes nothing, on the node or in the cluster.
     kube = {"cpupools_k8s_kubeconfig": str(kubeconfig)}
+    res = playbook(MIGRATE, kube, "--check", inventory=inventory)
+    assert res.rc == 0, res.stdout[-4000:]
+    assert res.result("Carry CMK v1.5's live tasks into the pool state")["cmk_v15"]["carried"] == sorted(
+        p.pid for p in holders
+    )
+    assert tree_snapshot(root) == before and len(fake.writes()) == writes
+    # For real: the v1.5 workloads keep their lists in the pool state; the ConfigMap stays while they run.
     res = playbook(MIGRATE, kube, inventory=inventory)
     assert res.rc == 0, res.stdout[-4000:]
     assert (conf / "pools/exclusive/0/1/tasks").read_text() == str(exclusive.pid)
