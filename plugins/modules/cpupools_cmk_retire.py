@@ -18,6 +18,7 @@ description:
     C(-all) DaemonSets and cluster-init pods, the webhook (MutatingWebhookConfiguration
     C(cmk-webhook-config) first, then its Deployment, Service, Secret and ConfigMap), the report CRDs,
     CMK's ClusterRoleBindings and ClusterRoles, and the C(cmk-serviceaccount) ServiceAccount.
+  - Keeps CMK v1.5's C(cmk-config-<node>) while it names a task that O(checked) does not show dead.
   - Keeps the webhook while running pods carry its mutation (annotation
     C(cmk.intel.com/resources-injected)) and the service account while running pods use it, and says why.
   - Never touches the node label, taint or extended resources, which cpupools manages under the same names.
@@ -33,6 +34,14 @@ options:
     type: list
     elements: str
     default: [default, intel-cmk]
+  checked:
+    description:
+      - Node name to what its M(cpupools.cpupools.cpupools_state) run found of the PIDs CMK v1.5's ConfigMap
+        C(cmk-config-<node>) names (its return value C(cmk_v15), with C(live) and C(dead)).
+      - That ConfigMap is kept while it names a PID not found dead there (a running v1.5 workload, or a PID
+        not checked), with the reason.
+    type: dict
+    default: {}
 extends_documentation_fragment:
   - cpupools.cpupools.cpupools_kube
 attributes:
@@ -97,6 +106,7 @@ from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools_kube im
 ARGUMENT_SPEC = {
     "nodes": {"type": "list", "elements": "str", "required": True},
     "namespaces": {"type": "list", "elements": "str", "default": ["default", "intel-cmk"]},
+    "checked": {"type": "dict", "default": {}},
     **CONNECTION_ARGS,
 }
 
@@ -110,7 +120,16 @@ def main() -> None:
     try:
         nodes = sorted({check_node_name(n) for n in p["nodes"]})
         transport, server = connect(p["kubeconfig"], p["context"], p["in_cluster"], p["request_timeout"])
-        result = retire(Api(transport, server, where), nodes, list(p["namespaces"]), module.check_mode)
+        import yaml  # the kubernetes library's dependency
+
+        result = retire(
+            Api(transport, server, where),
+            nodes,
+            list(p["namespaces"]),
+            module.check_mode,
+            checked=p["checked"],
+            load=yaml.safe_load,
+        )
     except CpupoolsError as exc:
         module.fail_json(msg=exc.describe(where))
     present = sorted(result["found"])

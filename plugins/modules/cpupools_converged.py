@@ -124,6 +124,13 @@ k8s_skip_reason:
       such hosts out of the k8s play and sets C(cpupools_k8s_status) from RV(exports).
   returned: success
   type: str
+cmk_v15:
+  description:
+    - The ConfigMap (C(cmk-config-<node>)) the agent stage reads CMK v1.5's task lists from before it adopts
+      the node, when the node shows CMK v1.5 (CMK's C(cmk) at C(cpupools_agent_path), no pool state in
+      C(cpupools_conf_dir)); empty otherwise. Without a kubeconfig such a node is refused.
+  returned: success
+  type: str
 code:
   description:
     - Where the cpupools code that answered came from. The path of the node's
@@ -215,6 +222,7 @@ def main():
         inputs.check_group(values["task_group"])
         plan = lib["host_plan"].plan_host(topology, facts, values, lib["plan"].make_request(checked.request()))
         result.update(plan=plan, inputs=values, exports=dict.fromkeys(converge.EXPORTS))
+        result["cmk_v15"] = converge.cmk_v15_configmap(values, host or "")
         stages = {}
         if params["compare"] and values["state"] == "present":
             group = values["task_group"]

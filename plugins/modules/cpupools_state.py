@@ -73,6 +73,18 @@ options:
         outside its cpulists' CPUs, to its cpulists' CPUs.
     type: bool
     default: true
+  cmk_v15:
+    description:
+      - The task lists of the node's CMK v1.5 ConfigMap C(cmk-config-<node>), as M(cpupools.cpupools.cpupools_cmk_tasks)
+        returns them (C(configmaps), C(tasks)). Their live tasks are carried into the state as the tasks of
+        CMK v1.4's directory are - each keeps its cpulist until it exits - and RV(cmk_v15) says which run.
+      - On a node that shows CMK v1.5 (a C(cmk) at O(agent_path) that is not cpupools' and no pool state in
+        O(conf_dir)) the module refuses to write a state without them.
+    type: dict
+  agent_path:
+    description: Where C(cmk) is installed on the node, relative to O(root) (to recognise CMK v1.5's binary).
+    type: path
+    default: /opt/bin/cmk
   host:
     description: Name of the host, used in error messages.
     type: str
@@ -131,13 +143,22 @@ tasks:
   returned: when state is present
   type: dict
   sample: {"exclusive": {"1,45": [4242], "2,46": []}, "shared": {"3,4,47,48": []}}
+cmk_v15:
+  description:
+    - With O(cmk_v15), the PIDs its task lists name that run (C(live)) and do not (C(dead)), those this run
+      added to the state (C(carried)), and the ConfigMaps read (C(configmaps)).
+  returned: when cmk_v15 is given and state is present
+  type: dict
+  sample: {"configmaps": ["default/cmk-config-node7"], "live": [48624], "dead": [], "carried": [48624]}
 """
 
 import grp
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.cmk15 import traces_on_node
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.errors import CpupoolsError
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.state import shown
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.state_writer import converge
 
 ARGUMENT_SPEC = {
@@ -150,6 +171,8 @@ ARGUMENT_SPEC = {
     "proc_fs": {"type": "path", "default": "/proc"},
     "lock_timeout": {"type": "float", "default": 30.0},
     "update_affinity": {"type": "bool", "default": True},
+    "cmk_v15": {"type": "dict"},
+    "agent_path": {"type": "path", "default": "/opt/bin/cmk"},
     "host": {"type": "str"},
 }
 
@@ -186,12 +209,16 @@ def main():
             lock_timeout=params["lock_timeout"],
             check_mode=module.check_mode,
             update_affinity=params["update_affinity"],
+            cmk_v15=params["cmk_v15"],
+            cmk15_traces=traces_on_node(params["root"], params["conf_dir"], params["agent_path"])
+            if params["state"] == "present"
+            else "",
         )
     except CpupoolsError as exc:
         module.fail_json(msg=exc.describe(params["host"]))
     except OSError as exc:  # the node's file system refused a write (read-only, full, ...)
         prefix = f"host {params['host']}: " if params["host"] else ""
-        where = f" ({exc.filename})" if exc.filename else ""
+        where = f" ({shown(str(exc.filename))})" if exc.filename else ""
         module.fail_json(msg=f"{prefix}cpupools_state: cannot write the pool state: {exc.strerror or exc}{where}")
     for warning in result.pop("warnings"):
         module.warn(f"{conf_dir}: {warning}")

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from agent_support import PLAN_1X, PLAN_2X, agent_env, make_plan, tasks_of
+from agent_support import PLAN_1X, PLAN_2X, agent_env, make_plan, tasks_of, tree_snapshot
 from cpupools import state as st
 
 #: A plan whose CPUs this 2-CPU machine does not have: used with --no-affinity for hand-out checks.
@@ -449,6 +449,49 @@ def test_workload_starts_with_default_signals_and_an_empty_mask(cmk, state_dir):
     assert res.stdout == "y\nSigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n"
 
 
+def _ignored_in_background(tmp_path: Path, name: str, command: str) -> tuple[str, int]:
+    """Start ``command`` as ``nohup COMMAND &`` from a non-interactive shell (SIGHUP, SIGINT and SIGQUIT
+    ignored); return ``(SigIgn of its workload, PID of the command)`` once the workload has reported."""
+    out, pidfile = tmp_path / f"{name}.sigign", tmp_path / f"{name}.pid"
+    script = tmp_path / f"{name}.sh"
+    script.write_text(f"grep '^SigIgn' /proc/self/status > {out}.t; mv {out}.t {out}; while :; do sleep 0.05; done\n")
+    subprocess.run(
+        ["sh", "-c", f"nohup {command} sh {script} >/dev/null 2>&1 & echo $! > {pidfile}"],
+        env=agent_env(),
+        check=True,
+        timeout=20,
+    )
+    deadline = time.monotonic() + 20
+    while not out.exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    return out.read_text().split()[1], int(pidfile.read_text())
+
+
+def test_signals_the_parent_left_ignored_stay_ignored_and_others_are_forwarded(cmk, state_dir, tmp_path):
+    """Under nohup, as a background job: the workload ignores SIGHUP, SIGINT and SIGQUIT as a direct exec would."""
+    conf = state_dir(PLAN_2X)
+    direct, direct_pid = _ignored_in_background(tmp_path, "direct", "")
+    os.kill(direct_pid, signal.SIGKILL)
+    isolated, pid = _ignored_in_background(tmp_path, "isolated", f"{cmk} isolate --conf-dir={conf} --pool=exclusive --")
+    try:
+        assert int(direct, 16) & 0b111 == 0b111  # HUP, INT, QUIT: what nohup and the shell left ignored
+        assert isolated == direct
+        assert tasks_of(conf)["1"] == [pid]
+        os.kill(pid, signal.SIGHUP)  # ignored by isolate as by its workload: both keep running
+        time.sleep(0.3)
+        assert st.read_proc_stat("/proc", pid)[1] != "Z" and tasks_of(conf)["1"] == [pid]
+        os.kill(pid, signal.SIGTERM)  # still forwarded: the workload ends, the list is given back
+        deadline = time.monotonic() + 20
+        while (stat := st.read_proc_stat("/proc", pid)) is not None and stat[1] != "Z":
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert tasks_of(conf) == {"0": [], "1": []}
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e400", "-1", "x"])
 def test_odd_intervals_are_usage_errors(cmk, state_dir, value):
     conf = state_dir(PLAN_2X)
@@ -456,6 +499,87 @@ def test_odd_intervals_are_usage_errors(cmk, state_dir, value):
         res = run(cmk, sub, f"--conf-dir={conf}", f"--interval={value}")
         assert res.returncode == 64
         assert res.stderr == f"cmk: --interval={value!r} is not a number of seconds from 0 to 86400\n"
+
+
+@pytest.mark.parametrize("replacement", ["directory", "symlink"])
+def test_a_conf_dir_replaced_during_an_isolate_does_not_split_it(cmk, state_dir, tmp_path, replacement):
+    """The lists are given back in the tree they were taken from; the tree now at the path is not touched."""
+    conf = state_dir(PLAN_2X)
+    stop = tmp_path / "stop"
+    proc = subprocess.Popen(
+        [
+            cmk,
+            "isolate",
+            f"--conf-dir={conf}",
+            "--pool=exclusive",
+            "--",
+            "sh",
+            "-c",
+            f"until [ -e {stop} ]; do sleep 0.02; done",
+        ],
+        env=agent_env(),
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while tasks_of(conf)["1"] != [proc.pid]:
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.02)
+        moved = tmp_path / "cmk.moved"
+        os.rename(conf, moved)
+        copy = tmp_path / "cmk.copy"
+        shutil.copytree(moved, copy, symlinks=True)  # holds the PID too, as a restored backup would
+        if replacement == "directory":
+            os.rename(copy, conf)
+            now = tree_snapshot(conf)
+        else:
+            conf.symlink_to(copy)
+            now = tree_snapshot(copy)
+        assert tasks_of(conf)["1"] == [proc.pid]
+        stop.touch()
+        assert proc.wait(timeout=20) == 0
+        assert tasks_of(moved) == {"0": [], "1": []}  # given back where it was taken
+        assert tree_snapshot(conf if replacement == "directory" else copy) == now  # the new tree untouched
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+HOSTILE = "\x1b[31m" + "A" * 5000  # a terminal escape, then more than any message should carry
+LONG_NAME = "/" + "p" * 300  # one name over NAME_MAX
+LONG_PATH = "/" + "/".join(["l" * 200] * 30)  # over PATH_MAX
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "status", "names"),
+    [
+        (["isolate", "--pool=exclusive", "true"], {"CMK_ISOLATE_SHELL": HOSTILE}, 64, "CMK_ISOLATE_SHELL="),
+        (["reconcile", f"--interval={HOSTILE}"], {}, 64, "--interval="),
+        (["isolate", "--pool=exclusive", "true"], {"CMK_PROC_FS": HOSTILE}, 64, "CMK_PROC_FS="),
+        (["reconcile"], {"CMK_PROC_FS": LONG_NAME}, 64, "CMK_PROC_FS="),
+        (["reconcile"], {"CMK_PROC_FS": LONG_PATH}, 64, "CMK_PROC_FS="),
+        (["describe", f"--conf-dir={LONG_NAME}"], {}, 64, "--conf-dir="),
+        (["describe", f"--conf-dir={LONG_PATH}"], {}, 64, "--conf-dir="),
+        (["reconcile", f"--metrics-dir={LONG_PATH}"], {}, 64, "--metrics-dir="),
+        (["describe"], {"CMK_LOCK_TIMEOUT": HOSTILE}, 64, "CMK_LOCK_TIMEOUT="),
+        (["isolate", f"--pool={HOSTILE}", "true"], {}, 65, "requested pool '"),
+        (["isolate", f"--socket-id={HOSTILE}", "--pool=exclusive", "true"], {}, 64, "--socket-id="),
+        (["isolate", "--pool=exclusive", HOSTILE], {}, 126, "cannot run '"),
+        (["describe", f"--{HOSTILE}"], {}, 64, "unknown option '--"),
+    ],
+)
+def test_a_hostile_or_huge_value_is_quoted_shortened(cmk, state_dir, args, env, status, names):
+    """Named and quoted shortened in one line; a path the kernel would refuse is the usage exit, not an OS error."""
+    conf = state_dir(PLAN_2X)
+    sub, rest = args[0], args[1:]
+    conf_opt = [] if any(a.startswith("--conf-dir=") for a in rest) else [f"--conf-dir={conf}"]
+    res = run(cmk, sub, *conf_opt, *rest, env=agent_env(**env))
+    assert res.returncode == status, res.stderr[:300]
+    line = res.stderr.removesuffix("\n")
+    assert line.startswith(f"cmk: {names}") or f": {names}" in line, line[:300]
+    assert len(line) < 160 and line.isprintable(), line[:300]
+    assert any(cut in line for cut in ("AAAAAAAAAA...A'", "lllll...l'", "ppppp...p'")), line  # quoted, shortened
+    assert tasks_of(conf) == {"0": [], "1": []}
 
 
 def test_a_huge_cmk_num_cores_is_a_usage_error(cmk, state_dir):

@@ -22,6 +22,7 @@ import pytest
 from agent_support import PLAN_2X, agent_env, tasks_of, tree_snapshot
 from cpupools import state as st
 from cpupools import state_writer as sw
+from cpupools.errors import StateError
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("useradd"), reason="needs root and useradd")
 
@@ -300,3 +301,84 @@ def test_the_module_repairs_a_world_readable_lock_and_says_so(world):
     assert sw.converge(str(conf), PLAN_2X, task_gid=world["group"])["changed"] is False
     res = as_user(world, "outsider", [world["cmk"], "describe", f"--conf-dir={conf}"])
     assert res.returncode == 77
+
+
+@pytest.fixture
+def sticky(world):
+    """A sticky world-writable directory (``/tmp``-like) in the world, and a root-only target outside the state.
+
+    ``target`` holds what a conf dir holds (a lock, a state with a dead holder's PID), so that anything root
+    would do there through a planted path (re-mode the lock, create ``pools/``, free the list) shows.
+    """
+    shared = world["base"] / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    target = world["victim"] / "cmk"
+    layout = sw.desired_layout(PLAN_2X)
+    sw.ensure_lock_file(str(target))
+    with st.StateLock(str(target)):
+        sw.write_state(
+            str(target), layout, {"exclusive": {"0": {"1": [4194303]}}}, {}, sw.desired_meta(PLAN_2X, layout)
+        )
+    return {"shared": shared, "target": target}
+
+
+def planted(world, sticky, how: str) -> Path:
+    """The member plants ``shared/cmk``: a symlink to the target, a directory, a file, or a symlinked parent."""
+    shared, target = sticky["shared"], sticky["target"]
+    script = {
+        "symlink": f"os.symlink({str(target)!r}, {str(shared / 'cmk')!r})",
+        "own-directory": f"os.mkdir({str(shared / 'cmk')!r}, 0o777)",
+        "file": f"open({str(shared / 'cmk')!r}, 'w').close()",
+        "symlinked-parent": f"os.symlink({str(target.parent)!r}, {str(shared / 'up')!r})",
+    }[how]
+    attack(world, "member", script + "\n")
+    return shared / ("up/cmk" if how == "symlinked-parent" else "cmk")
+
+
+REFUSAL = {
+    "symlink": "{conf}: {conf} is a symlink",
+    "own-directory": "{conf}: {conf} is owned by uid {member}, not root",
+    "file": "{conf}: {conf} is not a directory",
+    "symlinked-parent": "{conf}: {shared}/up is a symlink in {shared}, which others can write",
+}
+
+
+@pytest.mark.parametrize("how", sorted(REFUSAL))
+def test_a_conf_dir_planted_in_a_sticky_directory_is_refused_before_any_write(world, sticky, how):
+    """A task-group member plants the conf dir (or a parent of it) in /tmp; root's module and agent refuse it."""
+    conf = planted(world, sticky, how)
+    target = sticky["target"]
+    before = tree_snapshot(world["base"])
+    message = REFUSAL[how].format(conf=conf, member=world["member"], shared=sticky["shared"])
+    for check_mode in (True, False):
+        with pytest.raises(StateError) as exc:
+            sw.converge(str(conf), PLAN_2X, task_gid=world["group"], check_mode=check_mode)
+        assert f"refusing the state directory {message}" in str(exc.value) and exc.value.field == "conf_dir"
+    for sub, extra in (("reconcile", []), ("describe", []), ("isolate", ["--pool=exclusive", "true"])):
+        res = subprocess.run(
+            [world["cmk"], sub, f"--conf-dir={conf}", *extra],
+            env=agent_env(CMK_LOCK_TIMEOUT="5"),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert (res.returncode, res.stderr) == (78, f"cmk: refusing the state directory {message}\n"), sub
+    assert tree_snapshot(world["base"]) == before  # the lock not re-moded, no pools/ made, the dead PID not freed
+    assert (target / "lock").stat().st_mode & 0o7777 == 0o600 and tasks_of(target)["1"] == [4194303]
+    victim_intact_but(world, "cmk")
+
+
+def victim_intact_but(world, *also: str) -> None:
+    shadow = world["victim"] / "shadow"
+    assert shadow.read_text() == SECRET and shadow.stat().st_mode & 0o7777 == 0o600
+    assert sorted(p.name for p in world["victim"].iterdir()) == sorted(["shadow", *also])
+
+
+def test_a_conf_dir_of_root_in_a_sticky_directory_is_used(world, sticky):
+    """The same place, made by root: a sticky directory keeps the member from replacing it, so it is fine."""
+    conf = sticky["shared"] / "cmk"
+    result = sw.converge(str(conf), PLAN_2X, task_gid=world["group"])
+    assert result["changed"] is True and (conf / "pools").is_dir()
+    res = as_user(world, "member", [world["cmk"], "isolate", f"--conf-dir={conf}", "--pool=exclusive", "true"])
+    assert res.returncode == 0, res.stderr

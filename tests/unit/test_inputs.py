@@ -187,6 +187,45 @@ def test_parsing_is_bounded():
     assert time.monotonic() - start < 1
 
 
+#: Values an operator pastes by mistake or an attacker plants: huge, or full of control characters.
+HOSTILE = [
+    "x" * 5000,
+    "9" * 5000,
+    "/" + "a" * 5000,
+    ["y" * 5000],
+    {"k" * 3000: "v" * 3000},
+    "1," + "z" * 4000,
+    ["auto", "q" * 999],
+    "\x1b[31mred\n" * 50,
+]
+
+
+@pytest.mark.parametrize("name", sorted(SPEC))
+def test_a_huge_or_hostile_value_is_quoted_shortened(name):
+    for raw in HOSTILE:
+        try:
+            validate_inputs({f"cpupools_{name}": raw}, possible_cpus=88)
+        except CpupoolsError as exc:
+            text = exc.describe("node1")
+            assert len(text) < 300 and text.isprintable(), (raw if len(repr(raw)) < 40 else type(raw), text[:400])
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ("/" + "a" * 300, "holds a name of 300 bytes; a file name may be at most 255 bytes"),
+        ("/tmp/" + "/".join(["b" * 200] * 25), "is 5029 bytes long; a path may be at most 1024 bytes"),
+    ],
+)
+def test_a_path_the_node_cannot_use_names_its_variable(raw, message):
+    """Refused in the plan play by name, not later as the boot loader's error (cpupools_kernel_args_backend)."""
+    for name in ("cpupools_root", "cpupools_conf_dir", "cpupools_facts_root"):
+        with pytest.raises(PlanError) as exc:
+            validate_inputs({name: raw}, possible_cpus=88)
+        assert exc.value.describe("node1").startswith(f"host node1: {name}: '/")
+        assert message in str(exc.value)
+
+
 def test_check_root(tmp_path, monkeypatch):
     check_root(str(tmp_path / "new" / "sandbox"))  # created later by the stages
     (tmp_path / "file").write_text("x")

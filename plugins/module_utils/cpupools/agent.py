@@ -26,11 +26,13 @@ from .agent_base import (
     EXIT_NOT_FOUND,
     EXIT_OK,
     EXIT_OSERR,
+    checked_path,
     conf_dir,
+    proc_fs_of,
     self_identity,
     tasks_or_none,
 )
-from .errors import CpupoolsError, NoFreeListsError, StateError, UnknownPoolError, UsageError
+from .errors import CpupoolsError, NoFreeListsError, StateError, UnknownPoolError, UsageError, show
 from .locality import CpuLocality, choose_local
 
 USAGE = """\
@@ -94,7 +96,7 @@ def parse_args(argv: list[str]) -> tuple[str, dict[str, str | bool], list[str]]:
     sub = argv[0]
     known = _OPTIONS.get(sub)
     if known is None:
-        raise UsageError(f"unknown subcommand {sub!r} (isolate, reconcile, describe, node-report)")
+        raise UsageError(f"unknown subcommand {show(sub)} (isolate, reconcile, describe, node-report)")
     opts: dict[str, str | bool] = {}
     positional: list[str] = []
     rest = argv[1:]
@@ -110,7 +112,7 @@ def parse_args(argv: list[str]) -> tuple[str, dict[str, str | bool], list[str]]:
         if token.startswith("--") and (token.partition("=")[0] in known or not positional):
             name, eq, value = token.partition("=")
             if name not in known:
-                raise UsageError(f"{sub}: unknown option {name}")
+                raise UsageError(f"{sub}: unknown option {_name(name)}")
             if known[name]:
                 if not eq:
                     if i >= len(rest):
@@ -129,6 +131,11 @@ def parse_args(argv: list[str]) -> tuple[str, dict[str, str | bool], list[str]]:
 
 class _Help(Exception):
     pass
+
+
+def _name(text: str) -> str:
+    """A name from the command line as a message shows it: as it is when short and plain, else quoted shortened."""
+    return text if 0 < len(text) <= 60 and text.isprintable() else show(text)
 
 
 def num_cores(environ: dict[str, str] | os._Environ) -> int:
@@ -168,7 +175,7 @@ def isolate_shell(environ: dict[str, str] | os._Environ, conf: str) -> bool:
         return False
     value = _SWITCH.get(raw.strip().lower())
     if value is None:
-        raise UsageError(f"{where}={raw!r}: expected 1 (run the command through /bin/sh -c) or 0")
+        raise UsageError(f"{where}={show(raw)}: expected 1 (run the command through /bin/sh -c) or 0")
     return value
 
 
@@ -182,6 +189,15 @@ class _Signals:
     stop (SIGTSTP, SIGTTIN, SIGTTOU) is forwarded once the child runs and
     otherwise dropped; any other signal before the child starts makes isolate
     give the lists back and exit 128+N.
+
+    A signal that isolate's parent left ignored (``nohup`` ignores SIGHUP, a
+    shell's background job SIGINT and SIGQUIT) stays ignored, in isolate and
+    in the workload, as a direct ``exec`` and CMK's ``Popen`` keep it: it is
+    neither handled nor forwarded, and the child does not reset it
+    (``ignored``). SIGPIPE and SIGXFSZ are the exception: Python ignores them
+    itself at start-up, so their inherited disposition cannot be known; they
+    are forwarded, and reset to the default in the child, as ``subprocess``
+    and CMK do.
     """
 
     SKIP = ("SIGKILL", "SIGSTOP", "SIGCHLD", "SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGTRAP", "SIGSYS")
@@ -197,11 +213,16 @@ class _Signals:
         self.pending: list[int] = []
         skip = {getattr(sigmod, name) for name in self.SKIP if hasattr(sigmod, name)}
         self.harmless = {getattr(sigmod, name) for name in self.HARMLESS if hasattr(sigmod, name)}
+        python_ignores = {sigmod.SIGPIPE, sigmod.SIGXFSZ}
         self.saved = {}
+        self.ignored: list[int] = []
         for num in sorted(int(n) for n in sigmod.valid_signals()):
             if num in skip:
                 continue
-            try:  # noqa: SIM105 - contextlib costs ~1 ms of start-up
+            try:
+                if num not in python_ignores and sigmod.getsignal(num) == sigmod.SIG_IGN:
+                    self.ignored.append(num)  # left ignored by the parent: it stays so, here and in the child
+                    continue
                 self.saved[num] = sigmod.signal(num, self._handle)
             except (OSError, ValueError):  # reserved by the C library
                 pass
@@ -232,7 +253,8 @@ def spawn(command: str, argv: list[str], env: dict, signals: _Signals) -> int:
 
     ``fork`` + ``exec`` rather than ``posix_spawn``, for what the child does
     before ``exec``: it resets to their defaults the dispositions Python changed
-    (SIGPIPE and SIGXFSZ ignored, the forwarding handlers) and the signal mask,
+    (SIGPIPE and SIGXFSZ ignored, the forwarding handlers; a signal the parent
+    left ignored stays ignored, see ``_Signals``) and the signal mask,
     and asks the kernel to SIGKILL it when isolate dies (``PR_SET_PDEATHSIG``;
     so a SIGKILLed isolate takes its workload with it, and the lists that
     reconcile frees are really free). Signals are blocked from before the fork
@@ -264,11 +286,12 @@ def spawn(command: str, argv: list[str], env: dict, signals: _Signals) -> int:
     import errno
 
     number = int(errno_text) if errno_text.isdigit() else 0
+    shown = _name(command)
     if number == errno.ENOENT:
-        raise _Exit(EXIT_NOT_FOUND, f"command not found: {command}")
+        raise _Exit(EXIT_NOT_FOUND, f"command not found: {shown}")
     if number in (errno.EACCES, errno.EPERM):
-        raise _Exit(EXIT_NOT_EXECUTABLE, f"command not executable: {command}")
-    raise _Exit(EXIT_NOT_EXECUTABLE, f"cannot run {command}: {strerror}")
+        raise _Exit(EXIT_NOT_EXECUTABLE, f"command not executable: {shown}")
+    raise _Exit(EXIT_NOT_EXECUTABLE, f"cannot run {shown}: {strerror}")
 
 
 def _prctl():
@@ -332,7 +355,7 @@ def locality_wanted(environ: dict[str, str] | os._Environ) -> bool:
     value = _SWITCH.get(raw.strip().lower())
     if value is None:
         raise UsageError(
-            f"CMK_NUMA_LOCALITY={raw[:20]!r}: expected 1 (one NUMA node, fewest L3 caches) or 0 (hand-out order)"
+            f"CMK_NUMA_LOCALITY={show(raw)}: expected 1 (one NUMA node, fewest L3 caches) or 0 (hand-out order)"
         )
     return value
 
@@ -386,7 +409,9 @@ def acquire(
         pools = st.read_state(conf, (pool_name, "shared", "infra"), strays=[])
         pool = pools.get(pool_name)
         if pool is None:
-            raise UnknownPoolError(f"requested pool {pool_name} does not exist (pools: {', '.join(sorted(pools))})")
+            raise UnknownPoolError(
+                f"requested pool {_name(pool_name)} does not exist (pools: {', '.join(sorted(pools))})"
+            )
         if socket is not None and socket not in pool.sockets:
             raise UnknownPoolError(
                 f"pool {pool_name} has no socket {socket} (sockets: {', '.join(sorted(pool.sockets, key=int))})"
@@ -514,24 +539,26 @@ def cmd_isolate(opts: dict[str, str | bool], positional: list[str], environ: dic
     elif socket_raw.isdigit() and socket_raw.isascii():
         socket = str(int(socket_raw))
     else:
-        raise UsageError(f"--socket-id={socket_raw!r} is not a socket number (or -1 for any)")
+        raise UsageError(f"--socket-id={show(socket_raw)} is not a socket number (or -1 for any)")
     node_raw = str(opts.get("--numa-node", "-1"))
     if node_raw == "-1":
         numa_node = None
     elif node_raw.isdigit() and node_raw.isascii() and len(node_raw) <= 9:
         numa_node = int(node_raw)
     else:
-        raise UsageError(f"--numa-node={node_raw[:20]!r} is not a NUMA node number (or -1 for any)")
-    conf = conf_dir(opts)
+        raise UsageError(f"--numa-node={show(node_raw)} is not a NUMA node number (or -1 for any)")
+    # One handle on the state directory for the whole isolate: the lists are taken and given back in the
+    # tree it opened, even if the directory is replaced meanwhile (state.ConfDir).
+    conf = st.open_conf(conf_dir(opts)).path
     timeout = st.lock_timeout(environ)
-    proc_fs = environ.get("CMK_PROC_FS") or "/proc"
+    proc_fs = proc_fs_of(environ)
     pool_name = str(pool_name)
     if isolate_shell(environ, conf):
         # CMK v1.4: Popen(" ".join([command] + args), shell=True); "$CMK_CPUS_ASSIGNED", ";" work again.
         positional = ["/bin/sh", "-c", " ".join(positional)]
     pid, start = self_identity(proc_fs, "record or reclaim tasks", conf)
     signals = _Signals()
-    where = CpuLocality(environ.get("CPUPOOLS_SYSFS_ROOT") or "/")
+    where = CpuLocality(checked_path("CPUPOOLS_SYSFS_ROOT", environ.get("CPUPOOLS_SYSFS_ROOT") or "/"))
     chosen, pools = acquire(conf, pool_name, socket, environ, pid, start, proc_fs, timeout, numa_node, where)
     status = EXIT_INTERNAL
     try:
@@ -554,7 +581,9 @@ def cmd_isolate(opts: dict[str, str | bool], positional: list[str], environ: dic
         try:
             release(conf, pool_name, pid, timeout)
         except CpupoolsError as exc:
-            sys.stderr.write(f"cmk isolate: could not release cpu lists of PID {pid} ({exc}); reconcile will\n")
+            sys.stderr.write(
+                f"cmk isolate: could not release cpu lists of PID {pid} ({st.shown(str(exc))}); reconcile will\n"
+            )
 
 
 class _Exit(Exception):
@@ -571,7 +600,7 @@ def run(argv: list[str], environ: dict[str, str] | os._Environ) -> int:
     if sub == "isolate":
         return cmd_isolate(opts, positional, environ)
     if positional:
-        raise UsageError(f"{sub}: unexpected argument {positional[0]!r}")
+        raise UsageError(f"{sub}: unexpected argument {show(positional[0])}")
     from . import agent_report  # not needed by isolate: kept out of its start-up
 
     if sub == "reconcile":
@@ -588,20 +617,20 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(USAGE)
         return EXIT_OK
     except _Exit as exc:
-        sys.stderr.write(f"cmk: {exc}\n")
+        sys.stderr.write(f"cmk: {st.shown(str(exc))}\n")
         return exc.status
     except StateError as exc:
-        sys.stderr.write(f"cmk: {exc}\n")
+        sys.stderr.write(f"cmk: {st.shown(str(exc))}\n")
         return exc.exit_status
     except CpupoolsError as exc:
-        sys.stderr.write(f"cmk: {exc}\n")
+        sys.stderr.write(f"cmk: {st.shown(str(exc))}\n")
         return StateError.exit_status
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
         return EXIT_OK
     except OSError as exc:
-        where = f" ({exc.filename})" if exc.filename else ""
+        where = f" ({st.shown(str(exc.filename))})" if exc.filename else ""
         sys.stderr.write(f"cmk: {exc.strerror or exc}{where}\n")
         return EXIT_OSERR
     except Exception as exc:  # a bug: still one line, and a distinct status

@@ -11,7 +11,7 @@ import os
 import sys
 
 from . import state as st
-from .agent_base import EXIT_OK, conf_dir, seconds, self_identity, tasks_or_none
+from .agent_base import EXIT_OK, checked_path, conf_dir, proc_fs_of, seconds, self_identity, tasks_or_none
 from .errors import CpupoolsError, StateError
 
 # reconcile ----------------------------------------------------------------------
@@ -31,6 +31,18 @@ PREPARE_LISTS = 32
 
 
 def reconcile_pass(
+    conf: str, proc_fs: str, timeout: float, strays: list[str] | None = None
+) -> tuple[list[dict], dict[str, tuple[int, int]]]:
+    """``_reconcile_pass`` through one handle on the state directory (``state.ConfDir``), opened for this pass."""
+    strays = [] if strays is None else strays
+    with st.open_conf(conf) as handle:
+        try:
+            return _reconcile_pass(handle.path, proc_fs, timeout, strays)
+        finally:
+            strays[:] = [st.shown(line) for line in strays]
+
+
+def _reconcile_pass(
     conf: str, proc_fs: str, timeout: float, strays: list[str] | None = None
 ) -> tuple[list[dict], dict[str, tuple[int, int]]]:
     """One pass: free the cpulists of dead tasks and of reused PIDs; remove crash leftovers.
@@ -237,6 +249,7 @@ def after_pass_hook(opts: dict[str, str | bool], environ: dict[str, str] | os._E
     kubeconfig = str(opts.get("--kubeconfig") or environ.get("CPUPOOLS_KUBECONFIG") or "")
     if not kubeconfig:
         return None
+    checked_path("--kubeconfig" if opts.get("--kubeconfig") else "CPUPOOLS_KUBECONFIG", kubeconfig)
     import socket
 
     node = str(opts.get("--node-name") or environ.get("NODE_NAME") or socket.gethostname())
@@ -291,8 +304,10 @@ def cmd_reconcile(opts: dict[str, str | bool], environ: dict[str, str] | os._Env
     conf = conf_dir(opts)
     interval = seconds(opts, "--interval")
     timeout = st.lock_timeout(environ)
-    proc_fs = environ.get("CMK_PROC_FS") or "/proc"
+    proc_fs = proc_fs_of(environ)
     metrics = str(opts.get("--metrics-dir") or environ.get("CPUPOOLS_METRICS_DIR") or "")
+    if metrics:
+        checked_path("--metrics-dir" if opts.get("--metrics-dir") else "CPUPOOLS_METRICS_DIR", metrics)
     hook = after_pass_hook(opts, environ)
     while True:
         try:
@@ -310,7 +325,7 @@ def cmd_reconcile(opts: dict[str, str | bool], environ: dict[str, str] | os._Env
         except CpupoolsError as exc:
             if interval <= 0:
                 raise
-            sys.stderr.write(f"cmk reconcile: {exc}\n")
+            sys.stderr.write(f"cmk reconcile: {st.shown(str(exc))}\n")
         if interval <= 0:
             return EXIT_OK
         time.sleep(interval)
@@ -326,8 +341,8 @@ def describe(conf: str, timeout: float, strays: list[str] | None = None) -> dict
     appended to ``strays`` (one line each).
     """
     strays = [] if strays is None else strays
-    with st.StateLock(conf, timeout):
-        pools = st.read_state(conf, strays=strays)
+    with st.open_conf(conf) as handle, st.StateLock(handle.path, timeout):
+        pools = st.read_state(handle.path, strays=strays)
         tasks = {}
         for pool in pools.values():
             for cl in pool.cpulists():
@@ -335,6 +350,7 @@ def describe(conf: str, timeout: float, strays: list[str] | None = None) -> dict
                     tasks[cl.path] = list(cl.tasks)
                 except StateError as exc:
                     strays.append(str(exc).removeprefix("state is corrupt: "))
+        strays[:] = [st.shown(line) for line in strays]
     return {
         "pools": {
             name: {
@@ -408,7 +424,8 @@ def cmd_json(sub: str, opts: dict[str, str | bool], environ: dict[str, str] | os
         if sub == "describe":
             data = describe(conf, timeout, strays)
         else:
-            data = node_report(conf, timeout, environ.get("CPUPOOLS_SYSFS_ROOT") or "/", strays)
+            sysfs = checked_path("CPUPOOLS_SYSFS_ROOT", environ.get("CPUPOOLS_SYSFS_ROOT") or "/")
+            data = node_report(conf, timeout, sysfs, strays)
         for line in strays:
             sys.stderr.write(f"cmk {sub}: skipped: {line}\n")
         sys.stdout.write(json.dumps(data, indent=2, sort_keys=True) + "\n")

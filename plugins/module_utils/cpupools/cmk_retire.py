@@ -10,7 +10,10 @@ removed in an order that keeps running workloads running:
    ``cmk isolate --pool=infra cmk -- reconcile``; once gone, only cpupools
    reconciles the node);
 2. the node's data: ``cmk-config-<node>`` (v1.5 state), ``cmk-reconfigure-<node>``,
-   its NodeReport and ReconcileReport objects;
+   its NodeReport and ReconcileReport objects. ``cmk-config-<node>`` is kept
+   while it names a task the node did not find dead: a running v1.5 workload
+   (the agent stage carried it into the node's pool state), or one the node
+   was not asked about in this run;
 
 and, only when no node outside the run still runs CMK:
 
@@ -33,6 +36,7 @@ named the same) is touched. In check mode only reads are sent.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import quote
 
@@ -78,6 +82,7 @@ class Piece:
     plural: str
     name: str
     namespace: str = ""
+    node: str = ""  # the node whose piece it is (steps 1-2)
 
     @property
     def path(self) -> str:
@@ -102,7 +107,7 @@ def node_pieces(node: str, namespaces: list[str]) -> list[Piece]:
             Piece(1, "Pod", "v1", "pods", f"cmk-init-install-discover-pod-{node}", ns),
             Piece(1, "Pod", "v1", "pods", f"cmk-reconfigure-pod-{node}", ns),
             Piece(1, "DaemonSet", "apps/v1", "daemonsets", f"{NODE_DAEMONSET_PREFIX}{node}", ns),
-            Piece(2, "ConfigMap", "v1", "configmaps", f"{CONFIG_PREFIX}{node}", ns),
+            Piece(2, "ConfigMap", "v1", "configmaps", f"{CONFIG_PREFIX}{node}", ns, node),
             Piece(2, "ConfigMap", "v1", "configmaps", f"cmk-reconfigure-{node}", ns),
         ]
     for plural, kind in (("cmk-nodereports", "Cmk-nodereport"), ("cmk-reconcilereports", "Cmk-reconcilereport")):
@@ -215,12 +220,61 @@ def keep_reason(piece: Piece, pods: list[dict]) -> str:
     return ""
 
 
-def retire(api: Api, nodes: list[str], namespaces: list[str], check_mode: bool) -> dict:
+def v15_reason(api: Api, piece: Piece, checked: dict, load: Callable[[str], object] | None) -> str:
+    """Why CMK v1.5's ConfigMap of a node stays ("" = it can go): it names a task not found dead on the node.
+
+    ``checked`` maps a node to what its pool state module found of the PIDs
+    the ConfigMap named (``live``, ``dead``: ``state_writer.carry_v15``); a PID
+    it did not check (taken after it read the ConfigMap, or a node the run did
+    not check) counts as alive. ``load`` parses the YAML of ``data.config``.
+    """
+    from .cmk15 import named_pids, parse_config
+
+    code, data = api.raw("GET", piece.path)
+    if code != 200:
+        return ""
+    text = (data.get("data") or {}).get("config")
+    if not isinstance(text, str) or load is None:
+        return "its data.config cannot be read here: remove it by hand once no CMK v1.5 workload runs on the node"
+    try:
+        named = named_pids(parse_config(load(text), f"ConfigMap {piece.namespace}/{piece.name}"))
+    except Exception:  # not CMK v1.5's format: nothing of it was carried either
+        return "its data.config is not CMK v1.5's format: remove it by hand once no CMK v1.5 workload runs on the node"
+    seen = checked.get(piece.node) or {}
+    dead, live = set(seen.get("dead") or ()), set(seen.get("live") or ())
+    running = [pid for pid in named if pid in live]
+    unchecked = [pid for pid in named if pid not in live and pid not in dead]
+    reasons = []
+    if running:
+        reasons.append(
+            f"it names running CMK v1.5 task(s) PID {', '.join(map(str, running))}, carried into the node's "
+            "pool state; it goes once they have ended"
+        )
+    if unchecked:
+        reasons.append(
+            f"it names PID(s) {', '.join(map(str, unchecked))} that the node did not check in this run "
+            "(taken after its pool state was written, or the node's agent stage did not run): run "
+            "playbooks/migrate-cmk.yml again to carry them"
+        )
+    return "; ".join(reasons)
+
+
+def retire(
+    api: Api,
+    nodes: list[str],
+    namespaces: list[str],
+    check_mode: bool,
+    checked: dict | None = None,
+    load: Callable[[str], object] | None = None,
+) -> dict:
     """Find CMK's pieces for ``nodes`` (and the cluster's when no other CMK node is left) and remove them in order.
 
-    Returns ``found``, ``removed`` (in check mode: what would be), ``kept``
-    (``{"object", "reason"}``), ``other_cmk_nodes`` and ``changed``.
+    ``checked`` and ``load``: see ``v15_reason`` (CMK v1.5's ConfigMap stays
+    while it names a task not found dead). Returns ``found``, ``removed`` (in
+    check mode: what would be), ``kept`` (``{"object", "reason"}``),
+    ``other_cmk_nodes`` and ``changed``.
     """
+    checked = checked or {}
     others = other_cmk_nodes(api, nodes, namespaces)
     pieces = [p for node in nodes for p in node_pieces(node, namespaces)]
     if not others:
@@ -232,6 +286,8 @@ def retire(api: Api, nodes: list[str], namespaces: list[str], check_mode: bool) 
     blocked_webhook = False
     for piece in sorted(found, key=lambda p: p.step):  # stable: the listed order within a step
         reason = keep_reason(piece, pods)
+        if not reason and piece.node and piece.kind == "ConfigMap" and piece.name.startswith(CONFIG_PREFIX):
+            reason = v15_reason(api, piece, checked, load)
         if piece.step == 4 and blocked_webhook and not reason:
             reason = "the webhook configuration that calls it is kept"
         if reason:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 # submodule as a name of its package.
 from .bootloader import Host, Runner
 from .bootloader import converge as converge_kernel
+from .cmk15 import configmap_name, traces_on_node
 from .kubelet import HEADER as KUBELET_HEADER
 from .kubelet import Node as KubeletNode
 from .kubelet import configure as configure_kubelet
@@ -298,6 +299,34 @@ def agent_reasons(
         if systemctl(["is-active", "--quiet", timer]) != 0:
             reasons.append(f"units: {timer} is not active")
     return reasons
+
+
+def cmk_v15_configmap(values: Mapping, host: str) -> str:
+    """The CMK v1.5 ConfigMap the agent stage must read before it adopts this node ("" when none).
+
+    A node that shows CMK v1.5 (``cmk15.traces_on_node``: CMK's ``cmk`` at
+    ``cpupools_agent_path`` and no pool state in ``cpupools_conf_dir``) keeps its
+    running workloads' task lists only in ``cmk-config-<node>``. Without a
+    kubeconfig to read it, the run is refused here, in the plan play, before
+    anything changes: starting from empty lists would hand those CPUs out again.
+    """
+    if values["state"] != "present" or values["runtime"] != "cmk":
+        return ""
+    traces = traces_on_node(values["root"], values["conf_dir"], values["agent_path"])
+    if not traces:
+        return ""
+    name = configmap_name(str(values.get("k8s_node_name") or host))
+    if not values["k8s_kubeconfig"] and not values["k8s_in_cluster"]:
+        from .errors import StateError
+
+        raise StateError(
+            f"CMK v1.5 runs on this node ({traces}) and keeps its task lists only in ConfigMap {name}, "
+            "which cannot be read without a kubeconfig: set cpupools_k8s_kubeconfig (a path on the controller) "
+            "or cpupools_k8s_in_cluster: true; adopting without them would hand out the CPUs of its running "
+            "workloads again",
+            "k8s_kubeconfig",
+        )
+    return name
 
 
 def manage_services(values: Mapping) -> bool:

@@ -18,7 +18,7 @@ Two output forms:
 
 from __future__ import annotations
 
-from .errors import CpulistError
+from .errors import CpulistError, show
 
 # collections.abc costs ~3 ms to import; the node agent starts on every
 # ``cmk isolate``, so the name is only needed by type checkers.
@@ -40,7 +40,7 @@ _DIGITS = frozenset("0123456789")
 def _parse_int(text: str) -> int:
     # str.isdigit() is true for "²" and other Unicode digits that int() refuses.
     if not text or not set(text) <= _DIGITS or len(text) > 12:
-        raise CpulistError(f"{text!r} is not a CPU number")
+        raise CpulistError(f"{show(text)} is not a CPU number")
     return int(text)
 
 
@@ -95,7 +95,7 @@ def parse_cpulist(
     """
     limit = min(limit, MAX_CPUS) if limit is not None and limit > 0 else MAX_CPUS
     if isinstance(text, bool) or not isinstance(text, (str, int, list, tuple, set, frozenset, range)):
-        raise CpulistError(f"malformed {what}: {text!r} is not a cpulist")
+        raise CpulistError(f"malformed {what}: {show(text)} is not a cpulist")
     if isinstance(text, int):
         text = [text]
     if not isinstance(text, str):
@@ -106,7 +106,7 @@ def parse_cpulist(
                 if isinstance(value, str):
                     cpus.update(parse_cpulist(value, what, nr_cpus, limit))
                     continue
-                raise CpulistError(f"malformed {what}: {value!r} is not a CPU number")
+                raise CpulistError(f"malformed {what}: {show(value)} is not a CPU number")
             if value >= limit:
                 raise CpulistError(f"malformed {what}: CPU {value} is beyond the last possible CPU {limit - 1}")
             cpus.add(value)
@@ -118,11 +118,11 @@ def parse_cpulist(
     for position, raw in enumerate(stripped.split(","), start=1):
         item = raw.strip()
         if not item:
-            raise CpulistError(f"malformed {what} {stripped!r}: item {position} is empty")
+            raise CpulistError(f"malformed {what} {show(stripped)}: item {position} is empty")
         try:
             cpus.update(_parse_item(item, nr_cpus, limit))
         except CpulistError as exc:
-            raise CpulistError(f"malformed {what} {stripped!r}: item {position} {item!r}: {exc}") from None
+            raise CpulistError(f"malformed {what} {show(stripped)}: item {position} {show(item)}: {exc}") from None
     return sorted(cpus)
 
 
@@ -204,18 +204,19 @@ def parse_isolcpus(value: str, nr_cpus: int | None = None, what: str = "isolcpus
         flag = items.pop(0)
         if flag not in ISOLCPUS_FLAGS:
             raise CpulistError(
-                f"malformed {what} {value!r}: unknown flag {flag!r} (the kernel knows {', '.join(ISOLCPUS_FLAGS)})"
+                f"malformed {what} {show(value)}: unknown flag {show(flag)} "
+                f"(the kernel knows {', '.join(ISOLCPUS_FLAGS)})"
             )
         if flag not in flags:
             flags.append(flag)
     rest = ",".join(items)
     if not rest.strip():
-        raise CpulistError(f"malformed {what} {value!r}: no CPU list")
+        raise CpulistError(f"malformed {what} {show(value)}: no CPU list")
     try:
         return flags, parse_cpulist(rest, what, nr_cpus)
     except CpulistError as exc:
         # Name the whole value, flags included, as the operator wrote it.
-        raise CpulistError(str(exc).replace(f"{what} {rest!r}", f"{what} {value.strip()!r}", 1)) from None
+        raise CpulistError(str(exc).replace(f"{what} {show(rest)}", f"{what} {show(value.strip())}", 1)) from None
 
 
 def format_isolcpus(flags: Iterable[str], cpus: Iterable[int]) -> str:
@@ -224,7 +225,7 @@ def format_isolcpus(flags: Iterable[str], cpus: Iterable[int]) -> str:
     for flag in flags:
         if flag not in ISOLCPUS_FLAGS:
             raise CpulistError(
-                f"unknown isolcpus flag {flag!r} (the kernel knows {', '.join(ISOLCPUS_FLAGS)})",
+                f"unknown isolcpus flag {show(flag)} (the kernel knows {', '.join(ISOLCPUS_FLAGS)})",
                 field="isolcpus_flags",
             )
     return ",".join([*flags, format_cpulist(cpus)])

@@ -1,6 +1,17 @@
-"""The one exception type for user errors."""
+"""The one exception type for user errors, and how a message quotes a value."""
 
 from __future__ import annotations
+
+
+def show(value: object, width: int = 60) -> str:
+    """``repr`` of a value for a one-line message: no newline, never longer than ``width``.
+
+    A value in a message may be hostile or huge (an environment variable, an
+    option, an inventory value): it is quoted (``repr`` escapes control
+    characters) and shortened, never echoed whole.
+    """
+    text = repr(value)
+    return text if len(text) <= width else f"{text[: width - 5]}...{text[-2:]}"
 
 
 class CpupoolsError(ValueError):

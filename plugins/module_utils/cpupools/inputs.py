@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from .cpulist import ISOLCPUS_FLAGS, parse_cpulist
-from .errors import CpulistError, PlanError
+from .errors import CpulistError, CpupoolsError, PlanError, show
 from .hugepages import parse_entries as to_hugepages
 from .hugepages import parse_size, size_label
 from .kubelet import RUNTIMES, TOPOLOGY_POLICIES, TOPOLOGY_SCOPES, to_kubelet_version, to_policy_options
@@ -55,12 +55,6 @@ _LABEL_VALUE_RE = re.compile(r"^((?=.{1,63}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0
 _NAMESPACE_RE = re.compile(r"^(?=.{1,63}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _UNIT_RE = re.compile(r"^[A-Za-z0-9@_.:-]{1,200}$")
 _SERIAL_RE = re.compile(r"^[0-9]{1,3}%$")
-
-
-def show(value: object, width: int = 60) -> str:
-    """``repr`` of a value for a one-line message: no newline, never longer than ``width``."""
-    text = repr(value)
-    return text if len(text) <= width else f"{text[: width - 5]}...{text[-2:]}"
 
 
 #: The one error type of this module: a value no stage can use. The plan's own
@@ -139,11 +133,31 @@ def to_str(
     return text
 
 
+#: Longest path (bytes) a path variable may be: the stages append file names
+#: to it (a root, then a conf dir, then a cpulist of up to 255 bytes), and the
+#: whole must stay under the kernel's PATH_MAX (4,096).
+MAX_PATH_BYTES = 1024
+#: Longest name of one path component (NAME_MAX of Linux file systems).
+MAX_NAME_BYTES = 255
+
+
 def to_path(raw: object, field: str, allow_empty: bool = False) -> str:
-    """An absolute path; ``""`` only where it means "none" (and never for a root)."""
+    """An absolute path; ``""`` only where it means "none" (and never for a root).
+
+    Refused by name when the node could not use it: longer than
+    ``MAX_PATH_BYTES``, or one of its names longer than ``MAX_NAME_BYTES``.
+    """
     text = to_str(raw, field, allow_empty=allow_empty)
     if text and not text.startswith("/"):
         raise InputError(f"{show(raw)} is not an absolute path", field)
+    size = len(text.encode("utf-8", "surrogateescape"))
+    if size > MAX_PATH_BYTES:
+        raise InputError(f"{show(raw)} is {size} bytes long; a path may be at most {MAX_PATH_BYTES} bytes", field)
+    longest = max((len(name.encode("utf-8", "surrogateescape")) for name in text.split("/")), default=0)
+    if longest > MAX_NAME_BYTES:
+        raise InputError(
+            f"{show(raw)} holds a name of {longest} bytes; a file name may be at most {MAX_NAME_BYTES} bytes", field
+        )
     return text
 
 
@@ -370,6 +384,18 @@ def _str(allow_empty: bool, pattern: re.Pattern | None = None, what: str = "") -
     return lambda raw, field: to_str(raw, field, allow_empty, pattern, what)
 
 
+def _policy_options(raw: object, field: str) -> str | list[str]:
+    """``kubelet.to_policy_options``, its refusal quoting the value shortened (it quotes it whole)."""
+    try:
+        return to_policy_options(raw, field)
+    except CpupoolsError as exc:
+        message = str(exc)
+        items = raw if isinstance(raw, (list, tuple)) else str(raw).split(",") if isinstance(raw, str) else []
+        for value in (raw, *items, *(str(i).strip() for i in items)):
+            message = message.replace(repr(value), show(value))
+        raise InputError(message, field) from None
+
+
 def _path(allow_empty: bool = False) -> Callable[[object, str], str]:
     return lambda raw, field: to_path(raw, field, allow_empty)
 
@@ -458,7 +484,7 @@ SPEC: dict[str, Var] = {
     "kubelet_config_dir": _var("kernel kubelet", _path(), "/etc/kubernetes/kubelet.conf.d"),
     # How exclusive CPUs reach workloads (docs/kubelet.md); the kubelet runtime's knobs
     "runtime": _var("plan agent kernel k8s kubelet", _choice(RUNTIMES), "cmk", choices=RUNTIMES),
-    "kubelet_policy_options": _var("kernel kubelet", to_policy_options, "auto", "raw"),
+    "kubelet_policy_options": _var("kernel kubelet", _policy_options, "auto", "raw"),
     "kubelet_version": _var("plan kernel kubelet", to_kubelet_version, "auto"),
     "kubelet_topology_policy": _var(
         "kernel kubelet", _choice(TOPOLOGY_POLICIES), "best-effort", choices=TOPOLOGY_POLICIES
@@ -526,6 +552,7 @@ INTERNAL = frozenset(
         "plan_result",
         "plan_agent_build",
         "plan_exports",
+        "plan_kubelet_lines",
         "kernel_exports",
         "reboot_required",
         "pending_kernel_args",
@@ -535,6 +562,10 @@ INTERNAL = frozenset(
         "housekeeping",
         "agent_status",
         "agent_state",
+        "agent_cmk15",
+        "agent_cmk15_read",
+        "agent_cmk15_configmap",
+        "cmk_retire_v15",
         "agent_build",
         "agent_build_script",
         "agent_build_output",

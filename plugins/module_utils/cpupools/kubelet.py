@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 from .bootloader import Host
 from .cpulist import format_cpulist, parse_cpulist
-from .errors import CpulistError, CpupoolsError, PlanError
+from .errors import CpulistError, CpupoolsError, PlanError, show
 from .kargs import housekeeping_outputs, resolve_isolcpus_flags
 from .nodecode import under
 from .topology import Topology
@@ -113,13 +113,8 @@ def to_kubelet_version(raw: object, field: str) -> str:
     text = str(raw).strip() if isinstance(raw, (str, int, float)) and not isinstance(raw, bool) else ""
     match = re.match(r"^v?1\.([0-9]{1,3})(\.[0-9]{1,4})?([-+][0-9A-Za-z.+-]{0,60})?$", text)
     if not match:
-        raise KubeletError(f"{show_short(raw)} is neither auto nor a Kubernetes version like 1.34", field)
+        raise KubeletError(f"{show(raw)} is neither auto nor a Kubernetes version like 1.34", field)
     return f"1.{int(match.group(1))}"
-
-
-def show_short(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else f"{text[:55]}...{text[-2:]}"
 
 
 def resolve_version(raw: object) -> str | None:
@@ -172,7 +167,7 @@ def to_policy_options(raw: object, field: str) -> str | list[str]:
     names = list(POLICY_OPTIONS)
     for item in items:
         if not isinstance(item, str) or item.strip() not in POLICY_OPTIONS:
-            raise KubeletError(f"{show_short(item)} is not auto or one of {', '.join(names)}", field)
+            raise KubeletError(f"{show(item)} is not auto or one of {', '.join(names)}", field)
         if item.strip() not in out:
             out.append(item.strip())
     for first, second in INCOMPATIBLE:

@@ -814,8 +814,9 @@ def _adopt(topo: Topology, req: PlanRequest) -> _Layout:
         requested = max(excl, 0) + max(shared, 0) + (1 if -1 in (excl, shared) else 0)
         if len(isolated) < requested:
             raise PlanError(
-                f"{len(isolated)} fully isolated cores in isolcpus ({format_cpulist(iso)}), "
-                f"{_plural(max(excl, 0), 'exclusive core')} + {_plural(max(shared, 0), 'shared core')} requested",
+                f"{_plural(max(excl, 0), 'exclusive core')} + {_plural(max(shared, 0), 'shared core')} requested, "
+                f"{len(isolated)} fit: isolcpus ({format_cpulist(iso)}) fully isolates "
+                f"{_plural(len(isolated), 'core')}; lower the sizes or isolate more cores",
                 "num_exclusive_cores",
             )
         sst_iso = isolated & sst

@@ -50,15 +50,17 @@ from __future__ import annotations
 import os
 import time
 from fcntl import LOCK_EX, LOCK_NB, LOCK_UN, flock
-from stat import S_ISDIR, S_ISREG
+from stat import S_ISDIR, S_ISLNK, S_ISREG
 
 from .cpulist import format_cmk_cpulist, format_cpulist, parse_cpulist
 from .errors import (
     CpulistError,
+    CpupoolsError,
     LockTimeoutError,
     StateError,
     StatePermissionError,
     UsageError,
+    show,
 )
 
 DEFAULT_CONF_DIR = "/etc/cmk"
@@ -106,6 +108,197 @@ MAX_TASKS_BYTES = 1 << 20
 _O_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _O_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+# The state directory ------------------------------------------------------------
+
+#: Symbolic links followed while opening the state directory, at most (the kernel's MAXSYMLINKS).
+MAX_SYMLINKS = 40
+#: Where a descriptor's directory is reached by name: ``/proc/self/fd/<fd>``.
+FD_DIR = "/proc/self/fd"
+#: ``/proc/self/fd/<fd>`` -> the path it was opened as, for messages (``shown``).
+_OPENED: dict[str, str] = {}
+
+
+class ConfDir:
+    """The state directory, opened once; every lock, read, write and release goes through it.
+
+    ``path`` is ``/proc/self/fd/<fd>/.``: the kernel resolves it to the
+    directory this descriptor holds, whatever has become of the name since
+    (renamed, replaced by another tree or by a symlink), as ``openat(fd, ...)``
+    does. Every path under it (``<path>/lock``, ``<path>/pools/...``) is
+    therefore in the one tree that was opened: a conf dir replaced while an
+    isolate runs can never split that isolate between two trees (it takes
+    and gives back its lists in the tree it opened), and the code below keeps
+    taking paths. ``shown`` is the path as given, for messages (``shown()``).
+    """
+
+    __slots__ = ("fd", "path", "shown")
+
+    def __init__(self, fd: int, shown: str) -> None:
+        self.fd = fd
+        self.shown = shown
+        # "/." at the end: the last name of a path is then ".", not the magic link, so the O_NOFOLLOW
+        # opens of the state code (open_dir) open the directory itself.
+        self.path = f"{FD_DIR}/{fd}/."
+        _OPENED[self.path] = shown
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> ConfDir:
+        return self
+
+    def __exit__(self, _type: object, exc: object, _tb: object) -> None:
+        """Close; an error on the way out names the path as given, not ``/proc/self/fd/<fd>``."""
+        self.close()
+        if isinstance(exc, CpupoolsError) and exc.args and isinstance(exc.args[0], str):
+            exc.args = (shown(exc.args[0]), *exc.args[1:])
+
+
+class MissingStateDir(StateError):
+    """The state directory (or a directory on its way) does not exist."""
+
+
+def shown(text: str) -> str:
+    """``text`` with every ``/proc/self/fd/<fd>`` of an opened state directory replaced by the path it was opened as."""
+    for handle in sorted(_OPENED, key=len, reverse=True):
+        if handle in text:
+            text = text.replace(handle, _OPENED[handle])
+    return text
+
+
+def _others_may_write(info: os.stat_result, me: int) -> bool:
+    """Whether someone but root and ``me`` may add, rename or remove names in this directory."""
+    return info.st_uid not in (0, me) or bool(info.st_mode & 0o002) or bool(info.st_mode & 0o020 and info.st_gid != 0)
+
+
+def open_conf(path: str, create: bool = False) -> ConfDir:
+    """Open the state directory ``path`` once, refusing one that others could have planted.
+
+    Walks ``path`` from ``/`` one name at a time (``openat`` with
+    ``O_NOFOLLOW | O_DIRECTORY``). The state directory itself, and every
+    directory on the way that sits in a directory someone else may write
+    (not owned by root or the caller, world-writable, or group-writable by a
+    group other than root's: ``/tmp``, a user's home), must be a real
+    directory (not a symlink) owned by root (or by the caller, who can only
+    hurt themselves). Elsewhere a symlink is followed: only root could have
+    made it (``/var/run``). So a task-group member who plants the conf dir as
+    a symlink, or as a directory of their own, in ``/tmp`` gets it refused
+    before root reads or writes anything there. ``create`` makes the missing
+    directories (mode 0755), as the state module does. Raises ``StateError``
+    (``conf_dir``) naming the path and what is wrong with it.
+    """
+    given = os.path.abspath(path)
+    me = os.geteuid()
+    parts = [p for p in given.split("/") if p]
+    fd = os.open("/", _O_DIR)
+    try:
+        parent = os.fstat(fd)
+        current = "/"
+        hops = 0
+        while parts:
+            name = parts.pop(0)
+            last = not parts
+            here = os.path.join(current, name)
+            if name == ".":
+                continue
+            if name == "..":
+                old, fd = fd, -1
+                fd = _step_into(old, "..", here, given)
+                parent = os.fstat(fd)
+                current = os.path.dirname(current) or "/"
+                continue
+            try:
+                info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                if not create:
+                    gap = "" if here == given else f" ({here} does not exist)"
+                    raise MissingStateDir(
+                        f"state directory {given} is missing{gap}: the pool state is not installed "
+                        "(run the cpupools playbook, role cpupools_agent)",
+                        "conf_dir",
+                    ) from None
+                try:  # noqa: SIM105 - contextlib costs ~1 ms of cmk start-up
+                    os.mkdir(name, MODE_DIR, dir_fd=fd)
+                except FileExistsError:
+                    pass
+                parts.insert(0, name)  # look again at what is there now
+                continue
+            except PermissionError:
+                raise _denied(given, here) from None
+            exposed = last or _others_may_write(parent, me)
+            where = "" if last else f" in {current}, which others can write"
+            if S_ISLNK(info.st_mode):
+                hops += 1
+                if exposed or hops > MAX_SYMLINKS:
+                    why = "is a symlink" if exposed else f"is one of more than {MAX_SYMLINKS} symlinks"
+                    raise StateError(f"refusing the state directory {given}: {here} {why}{where}", "conf_dir")
+                target = os.readlink(name, dir_fd=fd)
+                parts[:0] = [p for p in target.split("/") if p]
+                if target.startswith("/"):
+                    os.close(fd)
+                    fd = -1
+                    fd = os.open("/", _O_DIR)
+                    parent = os.fstat(fd)
+                    current = "/"
+                continue
+            if not S_ISDIR(info.st_mode):
+                raise StateError(f"refusing the state directory {given}: {here} is not a directory", "conf_dir")
+            if exposed and info.st_uid not in (0, me):
+                raise StateError(
+                    f"refusing the state directory {given}: {here} is owned by uid {info.st_uid}, not root{where}",
+                    "conf_dir",
+                )
+            old, fd = fd, -1
+            fd = _step_into(old, name, here, given, (info.st_dev, info.st_ino))
+            parent = os.fstat(fd)
+            current = here
+        handle = ConfDir(fd, given)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        raise
+    try:
+        reached = os.stat(handle.path)
+    except OSError:
+        reached = None
+    if reached is None or (reached.st_dev, reached.st_ino) != (parent.st_dev, parent.st_ino):
+        handle.close()
+        raise StateError(f"cannot reach the state directory {given} through {FD_DIR}: is /proc mounted?", "conf_dir")
+    return handle
+
+
+def _step_into(fd: int, name: str, here: str, given: str, expect: tuple[int, int] | None = None) -> int:
+    """Open ``name`` in the directory ``fd`` (no symlink followed), close ``fd``; the new descriptor.
+
+    ``expect`` is the ``(st_dev, st_ino)`` the caller checked: a name swapped
+    in between is refused rather than used.
+    """
+    try:
+        new = os.open(name, _O_DIR, dir_fd=fd)
+    except PermissionError:
+        raise _denied(given, here) from None
+    except OSError:  # ELOOP, ENOTDIR: replaced meanwhile
+        raise _changed(given, here) from None
+    finally:
+        os.close(fd)
+    if expect is not None:
+        info = os.fstat(new)
+        if (info.st_dev, info.st_ino) != expect:
+            os.close(new)
+            raise _changed(given, here)
+    return new
+
+
+def _denied(given: str, here: str) -> StatePermissionError:
+    return StatePermissionError(f"cannot open the state directory {given}: {here}: permission denied")
+
+
+def _changed(given: str, here: str) -> StateError:
+    return StateError(f"refusing the state directory {given}: {here} changed while it was opened", "conf_dir")
 
 
 # Locking ---------------------------------------------------------------------
@@ -171,11 +364,11 @@ def lock_timeout(environ: dict[str, str]) -> float:
     if raw is None or raw == "":
         return DEFAULT_LOCK_TIMEOUT
     try:
-        value = float(raw)
+        value = float(raw) if len(raw) <= 32 else -1.0
     except ValueError:
         value = -1.0
     if not value > 0:
-        raise UsageError(f"CMK_LOCK_TIMEOUT={raw!r} is not a positive number of seconds")
+        raise UsageError(f"CMK_LOCK_TIMEOUT={show(raw)} is not a positive number of seconds")
     return value
 
 
@@ -300,20 +493,21 @@ def proc_view_problem(proc_fs: str, pid: int, node_ns: int | None = None) -> str
         ns_ino = os.stat(f"{proc_fs}/self/ns/pid").st_ino
     except (OSError, ValueError):
         nspid, ns_ino = [], INIT_PID_NS_INO  # an old kernel or a fake procfs: nothing to compare
+    shown = show(proc_fs)
     if len(nspid) == 1 and ns_ino not in (INIT_PID_NS_INO, node_ns):
         return (
-            f"{proc_fs} shows only the PID namespace cmk runs in (its PID there is {pid}), not the host's: "
+            f"CMK_PROC_FS={shown} shows only the PID namespace cmk runs in (its PID there is {pid}), not the host's: "
             "mount the host /proc and set CMK_PROC_FS to it"
         )
     if nspid and nspid[0] != pid:
-        return f"{proc_fs}/self/status gives PID {nspid[0]}, {proc_fs}/self/stat gives {pid}"
+        return f"CMK_PROC_FS={shown}: its self/status gives PID {nspid[0]}, its self/stat gives {pid}"
     try:
         visible = read_proc_stat(proc_fs, 1) is not None
     except PermissionError:
         visible = False
     if not visible:
         return (
-            f"{proc_fs} hides other users' processes (PID 1 is not visible: hidepid?), so live holders "
+            f"CMK_PROC_FS={shown} hides other users' processes (PID 1 is not visible: hidepid?), so live holders "
             "would look dead: mount a procfs without hidepid and set CMK_PROC_FS to it"
         )
     return None

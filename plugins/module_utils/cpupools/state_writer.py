@@ -662,6 +662,63 @@ def _entry_live(tasks: dict, starts: dict[Entry, dict[int, int]], proc_fs: str) 
     return out
 
 
+def carry_v15(
+    tasks: dict[str, dict[str, dict[str, list[int]]]], cmk_v15: dict, desired: dict[str, dict], proc_fs: str
+) -> tuple[dict[str, dict[str, dict[str, list[int]]]], dict, list[str]]:
+    """The task map of the state with the live tasks of CMK v1.5's ConfigMap added: ``(tasks, summary, warnings)``.
+
+    A PID of the ConfigMap that runs is added to its cpulist (matched by its
+    CPUs, in the same pool, on whatever socket the plan puts them), as the
+    PID of a v1.4 ``tasks`` file is kept: it holds the list until it exits
+    (``cmk reconcile`` frees it then), and a list the new plan does not have
+    moves it or refuses the change (``resize_tasks``). A PID the state holds
+    already (carried before, or one of ours) is not added again; a PID that
+    does not run is left out. ``summary``: ``configmaps``, and ``live``,
+    ``dead``, ``carried`` (this run) among the PIDs the ConfigMap names.
+    Warns when a v1.5 task and a task of the state hold one exclusive list.
+    """
+    from . import cmk15
+
+    v15 = cmk15.parse_config(cmk_v15.get("tasks") or {}, "cmk_v15")
+    named = cmk15.named_pids(v15)
+    live = {pid for pid in named if st.task_alive(proc_fs, pid)}
+    held = {pid for sockets in tasks.values() for lists in sockets.values() for pids in lists.values() for pid in pids}
+    where = {
+        (pool, key): socket
+        for pool, spec in desired.items()
+        for socket, keys in spec["sockets"].items()
+        for key in keys
+    }
+    merged = {
+        p: {s: {c: list(pids) for c, pids in lists.items()} for s, lists in sk.items()} for p, sk in tasks.items()
+    }
+    carried: set[int] = set()
+    warnings = []
+    for pool, sockets in v15.items():
+        for socket, lists in sockets.items():
+            for cpus, pids in lists.items():
+                key = list_key(cpus)
+                add = [pid for pid in pids if pid in live and pid not in held]
+                if not add:
+                    continue
+                entry = merged.setdefault(pool, {}).setdefault(where.get((pool, key), socket), {}).setdefault(key, [])
+                others = [pid for pid in entry if st.task_alive(proc_fs, pid)]
+                if others and desired.get(pool, {}).get("exclusive"):
+                    warnings.append(
+                        f"exclusive cpulist {pool}:{key} is held by PID {', '.join(map(str, add))} of CMK v1.5 "
+                        f"and by PID {', '.join(map(str, others))} of the state: both keep it until they exit"
+                    )
+                entry.extend(pid for pid in add if pid not in entry)
+                carried.update(add)
+    summary = {
+        "configmaps": list(cmk_v15.get("configmaps") or []),
+        "live": sorted(live),
+        "dead": sorted(set(named) - live),
+        "carried": sorted(carried),
+    }
+    return merged, summary, warnings
+
+
 def _holders(tasks: dict, live: set[int]) -> list[str]:
     return [
         f"PID {pid} on {pool}:{cpus}"
@@ -726,6 +783,8 @@ def converge(
     lock_timeout: float = st.DEFAULT_LOCK_TIMEOUT,
     check_mode: bool = False,
     update_affinity: bool = True,
+    cmk_v15: dict | None = None,
+    cmk15_traces: str = "",
 ) -> dict:
     """Make ``conf_dir`` hold ``plan``'s state (or nothing when not ``present``).
 
@@ -733,9 +792,82 @@ def converge(
     ``live_tasks``, ``affinity`` (pid -> CPUs re-pinned), ``fingerprint``,
     ``tasks`` (pool -> cpulist -> PIDs after the run) and ``warnings``
     (stray entries in the state, ignored).
-    Raises ``StateError`` (corrupt state without ``force``, lock timeout) or
-    ``ResizeError`` (live tasks that do not fit) before writing anything.
+    Raises ``StateError`` (a conf dir others could have planted, corrupt state
+    without ``force``, lock timeout) or ``ResizeError`` (live tasks that do
+    not fit) before writing anything.
+
+    The conf dir is opened once (``state.open_conf``: refused when it, or a
+    directory on its way that others may write, is a symlink, not a
+    directory, or not root's), and the lock, the reads and the writes all go
+    through that one handle, so a conf dir replaced meanwhile is never half
+    written. It is created (mode 0755) when missing, except in check mode and
+    for ``present=False``, where a missing one means "nothing there".
+
+    ``cmk_v15`` is what ``cmk15.read_tasks`` read from the node's CMK v1.5
+    ConfigMap (``configmaps``, ``tasks``): its live tasks are carried into the
+    state as the tasks of the directory are (``carry_v15``), and the result
+    says which of the PIDs it names run (``cmk_v15``: ``live``, ``dead``,
+    ``carried``). ``cmk15_traces`` says why the node looks like a CMK v1.5 node
+    (``cmk15.traces_on_node``): without ``cmk_v15`` such a node is refused,
+    since its running workloads' lists would be handed out again.
     """
+    if present and cmk15_traces and cmk_v15 is None:
+        raise StateError(
+            f"CMK v1.5 runs on this node ({cmk15_traces}) and keeps its task lists only in its ConfigMap "
+            "cmk-config-<node>, which was not read: adopting now would hand out the CPUs of its running "
+            "workloads again; set cpupools_k8s_kubeconfig (or cpupools_k8s_in_cluster) so that the "
+            "cpupools_agent role reads it",
+            "k8s_kubeconfig",
+        )
+    options = {
+        "present": present,
+        "force": force,
+        "task_gid": task_gid,
+        "proc_fs": proc_fs,
+        "lock_timeout": lock_timeout,
+        "check_mode": check_mode,
+        "update_affinity": update_affinity,
+        "cmk_v15": cmk_v15,
+    }
+    try:
+        handle = st.open_conf(conf_dir, create=present and not check_mode)
+    except st.MissingStateDir:
+        # Check mode, or state absent: nothing is there to lock, read or remove (nothing is written).
+        return _converge(conf_dir, plan, **options)
+    with handle:
+        result = _converge(handle.path, plan, **options)
+        identity = os.fstat(handle.fd)
+    result["warnings"] = [st.shown(line) for line in result["warnings"]]
+    if not present and result["changed"] and not check_mode:
+        _remove_dir_if(conf_dir, identity)
+    return result
+
+
+def _remove_dir_if(path: str, identity: os.stat_result) -> None:
+    """Remove the emptied conf dir, if the name still holds the directory that was emptied (and it is empty)."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return
+    if (info.st_dev, info.st_ino) == (identity.st_dev, identity.st_ino):
+        with contextlib.suppress(OSError):  # not empty: something else lives there; leave it
+            os.rmdir(path)
+
+
+def _converge(
+    conf_dir: str,
+    plan: dict | None,
+    *,
+    present: bool,
+    force: bool,
+    task_gid: int | None,
+    proc_fs: str,
+    lock_timeout: float,
+    check_mode: bool,
+    update_affinity: bool,
+    cmk_v15: dict | None,
+) -> dict:
+    """``converge`` on the conf dir ``conf_dir``, as opened (a ``/proc/self/fd/<fd>`` path)."""
     if present:
         if plan is None:
             raise StateError("a plan is required when state is present", "plan")
@@ -752,8 +884,6 @@ def converge(
     }
     pools_dir = os.path.join(conf_dir, st.POOLS)
     lock_path = os.path.join(conf_dir, st.LOCK)
-    if os.path.lexists(conf_dir) and not os.path.isdir(conf_dir):
-        raise StateError(f"{conf_dir} is not a directory", "conf_dir")
     if not present and not any(
         os.path.lexists(os.path.join(conf_dir, name)) for name in (st.POOLS, st.LOCK, st.META, st.NEW_TREE)
     ):
@@ -802,6 +932,10 @@ def converge(
             cur_meta = st.read_meta(conf_dir) if has_state else {}
         except StateError:
             cur_meta = {"corrupt": True}
+        disk_tasks = cur_tasks
+        if cmk_v15 is not None and present:
+            cur_tasks, result["cmk_v15"], notes = carry_v15(cur_tasks, cmk_v15, desired, proc_fs)
+            result["warnings"].extend(notes)
         entries = _entry_live(cur_tasks, cur_starts, proc_fs)
         live = {entry[3] for entry in entries}
         stale = {
@@ -813,7 +947,7 @@ def converge(
             if pid in live and (pool, socket, key, pid) not in entries
         }
         result["live_tasks"] = sorted(live)
-        result["before"] = render_state(cur_layout, cur_tasks, cur_meta, cur_names) if has_state else ""
+        result["before"] = render_state(cur_layout, disk_tasks, cur_meta, cur_names) if has_state else ""
         if not present:
             if live and not force:
                 raise ResizeError(
@@ -828,8 +962,6 @@ def converge(
                     _remove(os.path.join(conf_dir, name))
                 for name in (st.META, st.ORDER, st.AGENT_SETTINGS, st.LOCK):
                     _remove(os.path.join(conf_dir, name))
-                with contextlib.suppress(OSError):  # not empty: something else lives there; leave it
-                    os.rmdir(conf_dir)
             return result
         new_tasks, moves = resize_tasks(cur_tasks, live, desired, meta["handout_order"], stale)
         names = desired_names(desired, cur_names)
@@ -847,7 +979,7 @@ def converge(
             not has_state
             or cur_layout != desired
             or names != cur_names
-            or new_tasks != cur_tasks
+            or new_tasks != disk_tasks
             or new_starts != {e: s for e, s in cur_starts.items() if s}
             or bool(tree_mode_problems(conf_dir, desired, task_gid, names))
         )
