@@ -525,13 +525,26 @@ def crd_conditions_text(crd: Mapping) -> str:
     return ", ".join(_condition_text(c) for c in _crd_conditions(crd))
 
 
+def crd_deleting(crd: Mapping) -> bool:
+    """The CRD is being deleted: it goes away by itself, and a new one can be created then.
+
+    The server marks it with ``metadata.deletionTimestamp``; ``Terminating=True``
+    shows only while its objects are deleted, after which it may still be
+    ``Established`` (and refuse new objects) until its last finalizer is gone.
+    """
+    meta = crd.get("metadata") if isinstance(crd, Mapping) else None
+    if isinstance(meta, Mapping) and meta.get("deletionTimestamp"):
+        return True
+    return any(c.get("type") == "Terminating" and c.get("status") == "True" for c in _crd_conditions(crd))
+
+
 def crd_blocked(crd: Mapping) -> str:
     """Why a CRD will not become usable by waiting (a sentence), or ``""``.
 
     ``NamesAccepted=False``: another CRD of the same group holds one of its
     names (plural, singular, short names, kind or list kind); the server will
-    not serve it until that CRD is gone. ``Terminating=True``: it is being
-    deleted.
+    not serve it until that CRD is gone. Every other state (no conditions yet,
+    ``Established=False``, being deleted) changes by itself.
     """
     spec = crd.get("spec") if isinstance(crd, Mapping) else None
     group = spec.get("group", "") if isinstance(spec, Mapping) else ""
@@ -541,8 +554,6 @@ def crd_blocked(crd: Mapping) -> str:
                 f"{_condition_text(c)}: another CustomResourceDefinition of group {group} holds these names; "
                 f"find it with `kubectl get crd | grep {group}` and remove or rename it"
             )
-        if c.get("type") == "Terminating" and c.get("status") == "True":
-            return f"{_condition_text(c)}: it is being deleted; run again once the deletion has finished"
     return ""
 
 
