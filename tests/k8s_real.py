@@ -508,6 +508,58 @@ class RealKube:
             assert time.monotonic() < deadline, f"CRD {name} still there after {timeout}s"
             time.sleep(0.05)
 
+    def deny(self, name: str, resource: str, namespace: str, message: str, group: str = "", version: str = "v1"):
+        """Make the server refuse (403) every create of ``resource`` in ``namespace``, with ``message``.
+
+        A ValidatingAdmissionPolicy and its binding, as an operator's policy
+        would; returns once a dry-run create is refused. ``undeny(name)`` lifts it.
+        """
+        admission = "/apis/admissionregistration.k8s.io/v1"
+        rule = {"apiGroups": [group], "apiVersions": [version], "operations": ["CREATE"], "resources": [resource]}
+        self.ok(
+            "POST",
+            f"{admission}/validatingadmissionpolicies",
+            {
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "ValidatingAdmissionPolicy",
+                "metadata": {"name": name},
+                "spec": {
+                    "failurePolicy": "Fail",
+                    "matchConstraints": {"resourceRules": [rule]},
+                    "validations": [{"expression": "false", "message": message, "reason": "Forbidden"}],
+                },
+            },
+        )
+        selector = {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+        self.ok(
+            "POST",
+            f"{admission}/validatingadmissionpolicybindings",
+            {
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "ValidatingAdmissionPolicyBinding",
+                "metadata": {"name": name},
+                "spec": {
+                    "policyName": name,
+                    "validationActions": ["Deny"],
+                    "matchResources": {"namespaceSelector": selector},
+                },
+            },
+        )
+        base = f"/apis/{group}/{version}" if group else "/api/v1"
+        probe = {"apiVersion": f"{group}/{version}" if group else version, "metadata": {"generateName": "probe-"}}
+        deadline = time.monotonic() + 30
+        while (
+            self.request("POST", f"{base}/namespaces/{namespace}/{resource}", probe, query={"dryRun": "All"}).status
+            != 403
+        ):
+            assert time.monotonic() < deadline, f"the policy {name} did not take effect"
+            time.sleep(0.1)
+
+    def undeny(self, name: str) -> None:
+        admission = "/apis/admissionregistration.k8s.io/v1"
+        self.request("DELETE", f"{admission}/validatingadmissionpolicybindings/{name}")
+        self.request("DELETE", f"{admission}/validatingadmissionpolicies/{name}")
+
     # -- the audit log
     def audit_mark(self) -> int:
         """Where the audit log ends now: pass it to ``audit`` to see only what came after."""

@@ -70,7 +70,39 @@ def cluster(real_kube, tmp_path):
     """The real API server with a fresh node (``cluster.node``, label team=blue, taint dedicated=rt:NoExecute)."""
     node = real_kube.unique("node")
     real_kube.add_node(node, labels=dict(NODE_LABELS), taints=[dict(t) for t in NODE_TAINTS])
-    yield Cluster(real_kube, tmp_path, node, real_kube.audit_mark(), [node])
+    cluster = Cluster(real_kube, tmp_path, node, real_kube.audit_mark(), [node])
+    yield cluster
+    for name in cluster.names:  # Nodes are cluster-wide: what selects by node label must not see these again
+        real_kube.delete_node(name)
+
+
+@pytest.fixture
+def nri_crds(real_kube):
+    """The two nri-plugins policy CRDs (tests/fixtures/crds/nri-plugins.yaml), removed again after the test."""
+    from runtime_rules import nri_crd
+
+    kinds = ("BalloonsPolicy", "TopologyAwarePolicy")
+    for kind in kinds:
+        real_kube.ensure_crd(nri_crd(kind))
+    yield
+    for kind in kinds:
+        real_kube.delete_crd(nri_crd(kind)["metadata"]["name"])
+
+
+ADMISSION = "/apis/admissionregistration.k8s.io/v1"
+
+
+@pytest.fixture
+def no_admission(real_kube):
+    """Neither the cluster-wide pod injection policy nor its binding, before and after the test."""
+
+    def remove():
+        for plural in ("mutatingadmissionpolicybindings", "mutatingadmissionpolicies"):
+            real_kube.request("DELETE", f"{ADMISSION}/{plural}/cpupools-cmk-inject")
+
+    remove()
+    yield
+    remove()
 
 
 @pytest.fixture

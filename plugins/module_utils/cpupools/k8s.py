@@ -505,6 +505,45 @@ def is_subset(want: object, have: object) -> bool:
     return want == have
 
 
+def with_defaults(value: object, schema: object) -> object:
+    """``value`` as a server stores it under a CRD's structural ``schema``: every ``default`` filled in.
+
+    The apiserver's defaulting: a property with a default that is missing
+    (or ``null`` where not nullable) gets a copy of the default, then every
+    property, map value and array item is defaulted in turn, defaults
+    included. Comparing what we want, defaulted so, with what the server
+    returns tells a real difference from the defaults the CRD adds on every
+    read.
+    """
+    if not isinstance(schema, Mapping):
+        return copy.deepcopy(value)
+    if isinstance(value, Mapping):
+        out = {k: copy.deepcopy(v) for k, v in value.items()}
+        props = schema.get("properties") if isinstance(schema.get("properties"), Mapping) else {}
+        for key, prop in props.items():
+            if not isinstance(prop, Mapping) or "default" not in prop:
+                continue
+            if key not in out or (out[key] is None and not prop.get("nullable")):
+                out[key] = copy.deepcopy(prop["default"])
+        extra = schema.get("additionalProperties")
+        for key in list(out):
+            sub = props.get(key, extra if isinstance(extra, Mapping) else None)
+            out[key] = with_defaults(out[key], sub)
+        return out
+    if isinstance(value, list):
+        return [with_defaults(item, schema.get("items")) for item in value]
+    return copy.deepcopy(value)
+
+
+def crd_version_schema(crd: Mapping, version: str) -> Mapping | None:
+    """The ``openAPIV3Schema`` of one version of a CRD, or ``None``."""
+    for entry in ((crd.get("spec") or {}).get("versions") or []) if isinstance(crd, Mapping) else []:
+        if isinstance(entry, Mapping) and entry.get("name") == version:
+            schema = (entry.get("schema") or {}).get("openAPIV3Schema")
+            return schema if isinstance(schema, Mapping) else None
+    return None
+
+
 def _crd_conditions(crd: Mapping) -> list[Mapping]:
     status = crd.get("status") if isinstance(crd, Mapping) else None
     conditions = status.get("conditions") if isinstance(status, Mapping) else None
