@@ -32,7 +32,7 @@ options:
     description: Namespaces CMK was installed into (its C(--namespace), and the namespace of its service account).
     type: list
     elements: str
-    default: [default, intel-cmk]
+    default: [default, intel-cmk, cmk-namespace]
 extends_documentation_fragment:
   - cpupools.cpupools.cpupools_kube
 attributes:
@@ -96,7 +96,7 @@ from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools_kube im
 
 ARGUMENT_SPEC = {
     "nodes": {"type": "list", "elements": "str", "required": True},
-    "namespaces": {"type": "list", "elements": "str", "default": ["default", "intel-cmk"]},
+    "namespaces": {"type": "list", "elements": "str", "default": ["default", "intel-cmk", "cmk-namespace"]},
     **CONNECTION_ARGS,
 }
 
