@@ -405,18 +405,30 @@ class RealKube:
         return NodeCredentials(name, cert, key, pem)
 
     def kubeconfig(
-        self, path: Path, token: str | None = None, node: str | None = None, inline_ca: bool = False
+        self,
+        path: Path,
+        token: str | None = None,
+        node: str | None = None,
+        inline_ca: bool = False,
+        separate_key: bool = False,
+        ca: Path | None = None,
     ) -> Path:
-        """A kubeconfig for the admin (default), a token's user, or ``node``'s kubelet (kubeadm's kubelet.conf form)."""
+        """A kubeconfig for the admin (default), a token's user, or ``node``'s kubelet (kubeadm's kubelet.conf form).
+
+        ``separate_key``: the node's certificate and key in two files rather than one PEM;
+        ``ca``: trust this CA instead of the server's.
+        """
         import base64
 
+        ca = ca or self.pki.ca
         if inline_ca:
-            cluster = f"    certificate-authority-data: {base64.b64encode(self.pki.ca.read_bytes()).decode()}\n"
+            cluster = f"    certificate-authority-data: {base64.b64encode(ca.read_bytes()).decode()}\n"
         else:
-            cluster = f"    certificate-authority: {self.pki.ca}\n"
+            cluster = f"    certificate-authority: {ca}\n"
         if node is not None:
             creds = self.node_credentials(node)
-            user = f"    client-certificate: {creds.pem}\n    client-key: {creds.pem}\n"
+            cert, key = (creds.cert, creds.key) if separate_key else (creds.pem, creds.pem)
+            user = f"    client-certificate: {cert}\n    client-key: {key}\n"
         else:
             user = f"    token: {token or self.token}\n"
         path.write_text(
