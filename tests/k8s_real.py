@@ -505,11 +505,18 @@ class RealKube:
             time.sleep(0.05)
 
     def ensure_crd(self, crd: dict) -> dict:
-        """Create ``crd`` unless a CRD of that name exists; return it Established."""
+        """Create ``crd`` unless a CRD of that name exists; return it Established and its resource served."""
         name = crd["metadata"]["name"]
         if self.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}") is None:
             self.ok("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
-        return self.wait_crd(name)
+        crd = self.wait_crd(name)
+        version = next(v["name"] for v in crd["spec"]["versions"] if v.get("served"))
+        plural = crd["spec"]["names"]["plural"]
+        deadline = time.monotonic() + 30
+        while self.request("GET", f"/apis/{crd['spec']['group']}/{version}/{plural}").status != 200:
+            assert time.monotonic() < deadline, f"{name} Established but not served"  # storage (re)initializing
+            time.sleep(0.05)
+        return crd
 
     def delete_crd(self, name: str, timeout: float = 30.0) -> None:
         """Delete a CRD and wait until it is gone (its objects are deleted first, by the server)."""

@@ -160,3 +160,11 @@ def test_a_422_that_is_not_a_conflict_is_reported_after_one_read(fake, api, make
     with pytest.raises(ApiStatus, match=r'failed with 422: Node "node-1" is invalid: metadata.labels'):
         ensure_node(api, desired_node(make_plan()), check_mode=False)
     assert [r.method for r in fake.requests] == ["GET", "PATCH", "GET"]
+
+
+def test_a_layout_read_while_the_crds_storage_initializes_is_repeated(fake, api, make_plan):
+    """Fake: the real server answers so only in the moment after a CRD is Established, too short to hit at will."""
+    fake.add_crd(layout_crd())
+    fake.fail("GET", r"/cpupoollayouts/node-1$", 429, "storage is (re)initializing", times=2)
+    assert ensure_layout(api, layout_object("node-1", make_plan(), {}), check_mode=False) == "created"
+    assert [r.method for r in fake.requests] == ["GET", "GET", "GET", "POST"]

@@ -325,14 +325,41 @@ def _wait_established(
             raise failure(code, crd, "GET", path, api.node, api.server)
 
 
-def ensure_layout(api: Api, obj: dict, check_mode: bool, crd_exists: bool = True) -> str:
-    """Publish the node's layout object. Returns ``created``, ``updated`` or ``unchanged``."""
+def _not_served_yet(code: int, body: object) -> bool:
+    """The answer of a CRD's resource in the moment after it became Established.
+
+    The server builds the resource's storage then: a 429 ``storage is
+    (re)initializing``, or the bare ``404 page not found`` of a path no group
+    serves (no Status naming an object).
+    """
+    details = body.get("details") if isinstance(body, Mapping) else None
+    return code == 429 or (code == 404 and not (isinstance(details, Mapping) and details.get("name")))
+
+
+def ensure_layout(
+    api: Api,
+    obj: dict,
+    check_mode: bool,
+    crd_exists: bool = True,
+    wait: float = 10.0,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> str:
+    """Publish the node's layout object. Returns ``created``, ``updated`` or ``unchanged``.
+
+    Right after its CRD is Established the server may not serve the resource
+    yet (``_not_served_yet``): the read is repeated for up to ``wait`` seconds.
+    """
     if not crd_exists:  # check mode before the CRD exists: nothing to read
         return "created"
     name = obj["metadata"]["name"]
     path = f"{LAYOUT_PATH}/{quote(name, safe='')}"
+    deadline = clock() + wait
     for _ in range(api.attempts):
         code, current = api.raw("GET", path)
+        while _not_served_yet(code, current) and clock() < deadline:
+            sleep(0.2)
+            code, current = api.raw("GET", path)
         if code == 404:
             if check_mode:
                 return "created"
