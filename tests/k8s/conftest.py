@@ -90,6 +90,13 @@ def nri_crds(real_kube):
 
 
 ADMISSION = "/apis/admissionregistration.k8s.io/v1"
+LAYOUT_CRD = "cpupoollayouts.cpupools.io"
+
+
+@pytest.fixture
+def no_layout_crd(real_kube):
+    """The layout CRD is cluster-wide: this test starts without it (so the run creates it)."""
+    real_kube.delete_crd(LAYOUT_CRD)
 
 
 @pytest.fixture

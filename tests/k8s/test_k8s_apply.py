@@ -24,9 +24,8 @@ def clashing_crd() -> dict:
 
 
 @pytest.fixture
-def no_layout_crd(cluster):
-    """The layout CRD is cluster-wide: this test starts without it and leaves none that blocks the next test."""
-    cluster.real.delete_crd(NAME)
+def no_layout_crd(cluster, no_layout_crd):
+    """No layout CRD at the start; none left that blocks the next test (a finalizer, a clashing CRD)."""
     yield
     for name in (CLASH, NAME):
         path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"
