@@ -15,6 +15,7 @@ from cpupools.runtimes import (
     render,
 )
 from cpupools.topology import gather_topology
+from k8s_real import PRODUCT_USER
 from runtime_rules import (
     lscpu_cores,
     nri_errors,
@@ -334,7 +335,7 @@ def test_nri_object_and_label_then_no_write_then_removed(playbook, cluster, ns, 
     mark = cluster.real.audit_mark()
     second = run_ok(playbook, cluster, PLAY, args(cluster, plan, ns, runtime=runtime))
     assert second.changed() == 0 and second.result("Runtime")["published"] == "unchanged"
-    assert cluster.real.audit_writes(mark) == [], "a converged run wrote"
+    assert cluster.real.audit_writes(mark, PRODUCT_USER) == [], "a converged run wrote"
     # Someone edits our object, or adds to it: the next run puts the plan back.
     edit = {"spec": {"pinCPU": False, "reservedPoolNamespaces": ["mine"]}}
     cluster.real.ok("PATCH", path, edit, content_type="application/merge-patch+json")
