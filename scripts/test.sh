@@ -31,6 +31,15 @@ if [ "$(id -u)" = 0 ]; then
 fi
 bin=.venv/bin
 
+# The Kubernetes tests run against a real kube-apiserver and etcd (tests/k8s_real.py),
+# found as envtest finds them: KUBEBUILDER_ASSETS, else ../shared/k8s/bin beside
+# the checkout. Without them those tests skip, saying so, unless
+# CPUPOOLS_REQUIRE_REAL_K8S=1 (.ci/run) makes that a failure.
+if [ -z "${KUBEBUILDER_ASSETS:-}" ] && [ -x ../shared/k8s/bin/kube-apiserver ]; then
+    KUBEBUILDER_ASSETS="$(cd ../shared/k8s/bin && pwd)"
+    export KUBEBUILDER_ASSETS
+fi
+
 step "lint: ruff"
 "$bin/ruff" check .
 "$bin/ruff" format --check .

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from helpers import run_playbook
 from sysfs import CORPUS, Spec, write_tree
@@ -72,3 +74,22 @@ def playbook(tmp_path):
         return run_playbook(pb, tmp_path, extra_vars, *args, **kw)
 
     return run
+
+
+@pytest.fixture(scope="session")
+def real_kube(tmp_path_factory):
+    """etcd + kube-apiserver v1.36 on loopback, one per pytest process (tests/k8s_real.py).
+
+    Without the programs the test skips, saying what to set; with
+    ``CPUPOOLS_REQUIRE_REAL_K8S=1`` (CI) it fails instead.
+    """
+    from k8s_real import RealKube, assets_dir
+
+    bin_dir, why = assets_dir()
+    if bin_dir is None:
+        if os.environ.get("CPUPOOLS_REQUIRE_REAL_K8S") == "1":
+            pytest.fail(f"CPUPOOLS_REQUIRE_REAL_K8S=1 but {why}", pytrace=False)
+        pytest.skip(why)
+    kube = RealKube.start(bin_dir, tmp_path_factory.mktemp("kube"))
+    yield kube
+    kube.stop()

@@ -1,5 +1,13 @@
 """A wire-level fake Kubernetes API server for tests (never part of the product).
 
+Most Kubernetes tests run against a real kube-apiserver (tests/k8s_real.py).
+This fake stays for what a real server cannot produce on demand: a write of
+someone else, or a 409, at a chosen moment (``before``, ``fail``); a CRD
+held unestablished; an older server (``version``, ``admission_versions``);
+and drains, which need pods to end and PodDisruptionBudgets to be computed,
+the work of a kubelet and a controller manager a test server does not have.
+Each test that uses it says which.
+
 It imitates kube-apiserver v1.36 (``GET /version`` says so) and speaks HTTP(S)
 on 127.0.0.1 to the real ``kubernetes`` Python client (and to the node agent's
 stdlib client) for exactly the API the cpupools modules use, with the real
@@ -45,10 +53,9 @@ server's rules wherever a forgiving fake would let a bug through:
   and each version's resource list) and ``mutatingadmissionpolicies`` /
   ``mutatingadmissionpolicybindings`` in the versions of ``admission_versions``
   (v1.36: ``v1``; a 1.34/1.35 server with the feature gate: ``v1beta1``; older:
-  none), validated like v1.36: required fields (422 naming each), enum
-  values, CEL that does not parse, unknown fields (``fieldValidation=Strict``:
-  400; otherwise dropped with a warning), server defaults filled in; one
-  stored object served by every enabled version;
+  none), with the server's defaults filled in and not validated (the real
+  server checks the fields and the CEL); one stored object served by every
+  enabled version;
 - authorization: a bearer ``token`` (unrestricted), more ``tokens`` mapped to
   users, or TLS client certificates; a ``system:node:<name>`` user (a kubelet)
   may read and patch only its own Node (Node authorizer + NodeRestriction).
@@ -1078,20 +1085,19 @@ class FakeKube:
             kinds.update([taken.get("kind"), taken.get("listKind")])
         resources.discard(None)
         kinds.discard(None)
-        conflict = next(
-            (
-                (reason, value)
-                for reason, value, taken in (
-                    ("PluralConflict", names.get("plural"), resources),
-                    ("SingularConflict", names.get("singular"), resources),
-                    *(("ShortNamesConflict", s, resources) for s in names.get("shortNames") or []),
-                    ("KindConflict", names.get("kind"), kinds),
-                    ("ListKindConflict", names.get("listKind"), kinds),
-                )
-                if value in taken
-            ),
-            None,
-        )
+        conflicts = [
+            (reason, value)
+            for reason, value, taken in (
+                ("PluralConflict", names.get("plural"), resources),
+                ("SingularConflict", names.get("singular"), resources),
+                *(("ShortNamesConflict", s, resources) for s in names.get("shortNames") or []),
+                ("KindConflict", names.get("kind"), kinds),
+                ("ListKindConflict", names.get("listKind"), kinds),
+            )
+            if value in taken
+        ]
+        # The real naming controller checks the names in this order and the last conflict found is the one reported.
+        conflict = conflicts[-1] if conflicts else None
         old = {c["type"]: c for c in crd["status"].get("conditions") or []}
         if conflict:
             accepted = {
@@ -1385,7 +1391,7 @@ class FakeKube:
         if version != "v1":
             names = []
         if version in self.admission_versions:
-            names += [(p, k) for p, (k, _) in ADMISSION_KINDS.items()]
+            names += list(ADMISSION_KINDS.items())
         verbs = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
         return 200, {
             "kind": "APIResourceList",
@@ -1401,10 +1407,9 @@ class FakeKube:
             if version == "v1":
                 raise ApiError(404, "the server could not find the requested resource")
             raise PageNotFound()
-        kind, validate = ADMISSION_KINDS[plural]
+        kind = ADMISSION_KINDS[plural]
         resource = f"{plural}.{ADMISSION_GROUP}"
         api = f"{ADMISSION_GROUP}/{version}"
-        strict = query.get("fieldValidation", ["Warn"])[0]
 
         def served(obj: dict) -> dict:
             return dict(copy.deepcopy(obj), apiVersion=api)
@@ -1415,7 +1420,7 @@ class FakeKube:
                 return 200, {"kind": f"{kind}List", "apiVersion": api, "metadata": {}, "items": items}
             if method != "POST":
                 raise ApiError(405, "method not allowed")
-            obj = self._admission_object(body, api, kind, resource, validate, strict)
+            obj = self._admission_object(body, api, kind, resource)
             _no_resource_version(obj)
             name = obj["metadata"]["name"]
             if (plural, name) in self.admission:
@@ -1435,7 +1440,7 @@ class FakeKube:
             return 200, status_body(200, "", "", {"name": name, "group": ADMISSION_GROUP, "kind": plural})
         if method != "PUT":
             raise ApiError(405, "only get, create, update (PUT) and delete are served here in this fake")
-        obj = self._admission_object(body, api, kind, resource, validate, strict)
+        obj = self._admission_object(body, api, kind, resource)
         if obj["metadata"].get("name") != name:
             raise ApiError(400, "the name of the object does not match the name on the URL")
         self._precondition(current, obj, resource, name)
@@ -1444,29 +1449,15 @@ class FakeKube:
         code, stored = self._store(self.admission, (plural, name), current, obj)
         return code, served(stored)
 
-    def _admission_object(self, body, api, kind, resource, validate, strict) -> dict:
+    def _admission_object(self, body, api, kind, resource) -> dict:
+        """The object with the server's defaults. Not validated: the real server of the tests checks the
+        policy's fields and CEL (tests/k8s/test_admission_cel.py); the fake serves older servers only."""
         if not isinstance(body, dict) or body.get("apiVersion") != api or body.get("kind") != kind:
             raise ApiError(400, f"the body must be a {api} {kind}")
-        unknown: list[str] = []
-        obj = _known_fields(body, ADMISSION_SCHEMAS[kind], "", unknown)
-        if unknown and strict == "Strict":
-            raise ApiError(400, "strict decoding error: " + ", ".join(f'unknown field "{u}"' for u in unknown))
-        if strict != "Ignore":
-            self._warnings += [f'unknown field "{u}"' for u in unknown]
-        name = (obj.get("metadata") or {}).get("name") or ""
-        errors = validate(obj)
-        if not name:
-            errors.insert(0, "metadata.name: Required value: name or generateName is required")
-        elif len(name) > 253 or not _DNS1123_SUBDOMAIN.match(name):
-            errors.insert(0, f'metadata.name: Invalid value: "{name}": must be a lowercase RFC 1123 subdomain')
-        if errors:
-            raise ApiError(
-                422,
-                f'{resource} "{name}" is invalid: [' + ", ".join(errors) + "]",
-                "Invalid",
-                {"name": name, "group": ADMISSION_GROUP, "kind": resource.split(".")[0]},
-            )
-        return _admission_defaults(obj)
+        name = (body.get("metadata") or {}).get("name") or ""
+        if not name or len(name) > 253 or not _DNS1123_SUBDOMAIN.match(name):
+            raise ApiError(422, f'{resource} "{name}" is invalid: metadata.name: Invalid value', "Invalid")
+        return _admission_defaults(copy.deepcopy(body))
 
     def _group(self, method, query, ctype, body, group, version, namespace, plural, name):
         api = f"{group}/{version}"
@@ -1547,173 +1538,6 @@ _MATCH = {
     "matchPolicy": _STR,
 }
 _EXPRESSION = {"expression": _STR}
-ADMISSION_SCHEMAS = {
-    "MutatingAdmissionPolicy": {
-        "apiVersion": _STR,
-        "kind": _STR,
-        "metadata": _META,
-        "spec": {
-            "paramKind": {"apiVersion": _STR, "kind": _STR},
-            "matchConstraints": _MATCH,
-            "variables": [{"name": _STR, "expression": _STR}],
-            "mutations": [{"patchType": _STR, "applyConfiguration": _EXPRESSION, "jsonPatch": _EXPRESSION}],
-            "failurePolicy": _STR,
-            "matchConditions": [{"name": _STR, "expression": _STR}],
-            "reinvocationPolicy": _STR,
-        },
-    },
-    "MutatingAdmissionPolicyBinding": {
-        "apiVersion": _STR,
-        "kind": _STR,
-        "metadata": _META,
-        "spec": {
-            "policyName": _STR,
-            "paramRef": {"name": _STR, "namespace": _STR, "selector": _SELECTOR, "parameterNotFoundAction": _STR},
-            "matchResources": _MATCH,
-        },
-    },
-}
-_OPERATIONS = ("CREATE", "UPDATE", "CONNECT", "*")
-_CEL_TYPE = re.compile(r"\b((?:Object(?:\.[A-Za-z_][A-Za-z0-9_]*)*)|JSONPatch)\s*\{")
-_CEL_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-def _known_fields(value: object, schema: object, path: str, unknown: list[str]) -> object:
-    """``value`` without the fields ``schema`` does not know (their paths go to ``unknown``)."""
-    if schema == _ANY or value is None:
-        return value
-    if isinstance(schema, list):
-        if not isinstance(value, list):
-            raise ApiError(400, f"json: cannot unmarshal {type(value).__name__} into Go field {path} of type array")
-        return [_known_fields(v, schema[0], f"{path}[{i}]", unknown) for i, v in enumerate(value)]
-    if isinstance(schema, dict):
-        if not isinstance(value, dict):
-            raise ApiError(400, f"json: cannot unmarshal {type(value).__name__} into Go field {path} of type object")
-        kept = {}
-        for key, item in value.items():
-            where = f"{path}.{key}" if path else key
-            if key in schema:
-                kept[key] = _known_fields(item, schema[key], where, unknown)
-            else:
-                unknown.append(where)
-        return kept
-    if not isinstance(value, str):
-        raise ApiError(400, f"json: cannot unmarshal {type(value).__name__} into Go field {path} of type string")
-    return value
-
-
-def _cel_error(expression: object) -> str | None:
-    """Why the server's CEL compiler would refuse ``expression`` (syntax only), or ``None``."""
-    import celpy  # the test dependency that also evaluates the policies (tests/k8s/cel_support.py)
-
-    if not isinstance(expression, str) or not expression.strip():
-        return "Required value"
-    try:
-        celpy.Environment().compile(_CEL_TYPE.sub(lambda m: m.group(1).replace(".", "__") + "{", expression))
-    except celpy.CELParseError as exc:
-        return f"Invalid value: compilation failed: {str(exc).splitlines()[0]}"
-    return None
-
-
-def _rules_errors(rules: object, path: str, required: bool) -> list[str]:
-    if not rules:
-        return [f"{path}: Required value"] if required else []
-    errors = []
-    for i, rule in enumerate(rules):
-        where = f"{path}[{i}]"
-        for key in ("apiGroups", "apiVersions", "operations", "resources"):
-            if not rule.get(key):
-                errors.append(f"{where}.{key}: Required value")
-        for j, op in enumerate(rule.get("operations") or []):
-            if op not in _OPERATIONS:
-                errors.append(
-                    f'{where}.operations[{j}]: Unsupported value: "{op}": supported values: '
-                    + ", ".join(f'"{o}"' for o in _OPERATIONS)
-                )
-        if rule.get("scope", "*") not in ("Cluster", "Namespaced", "*"):
-            errors.append(f'{where}.scope: Unsupported value: "{rule["scope"]}"')
-    return errors
-
-
-def _enum_error(path: str, value: object, allowed: tuple[str, ...], required: bool) -> list[str]:
-    if value is None:
-        return [f"{path}: Required value"] if required else []
-    if value not in allowed:
-        return [f'{path}: Unsupported value: "{value}": supported values: ' + ", ".join(f'"{a}"' for a in allowed)]
-    return []
-
-
-def _validate_policy(obj: dict) -> list[str]:
-    spec = obj.get("spec") or {}
-    errors = []
-    match = spec.get("matchConstraints")
-    if not match:
-        errors.append("spec.matchConstraints: Required value")
-    else:
-        errors += _rules_errors(match.get("resourceRules"), "spec.matchConstraints.resourceRules", True)
-        errors += _rules_errors(match.get("excludeResourceRules"), "spec.matchConstraints.excludeResourceRules", False)
-        errors += _enum_error(
-            "spec.matchConstraints.matchPolicy", match.get("matchPolicy"), ("Exact", "Equivalent"), False
-        )
-    mutations = spec.get("mutations")
-    if not mutations:
-        errors.append("spec.mutations: Required value: mutations must contain at least one item")
-    for i, m in enumerate(mutations or []):
-        where = f"spec.mutations[{i}]"
-        kind = m.get("patchType")
-        errors += _enum_error(f"{where}.patchType", kind, ("ApplyConfiguration", "JSONPatch"), True)
-        for key, owner in (("applyConfiguration", "ApplyConfiguration"), ("jsonPatch", "JSONPatch")):
-            if kind == owner and key not in m:
-                errors.append(f"{where}.{key}: Required value")
-            elif kind != owner and key in m:
-                errors.append(f"{where}.{key}: Forbidden: must not be set when patchType is {kind}")
-            elif key in m:
-                problem = _cel_error(m[key].get("expression"))
-                if problem:
-                    errors.append(f"{where}.{key}.expression: {problem}")
-    errors += _enum_error("spec.failurePolicy", spec.get("failurePolicy"), ("Ignore", "Fail"), False)
-    errors += _enum_error("spec.reinvocationPolicy", spec.get("reinvocationPolicy"), ("Never", "IfNeeded"), True)
-    seen: set = set()
-    for i, cond in enumerate(spec.get("matchConditions") or []):
-        where = f"spec.matchConditions[{i}]"
-        name = cond.get("name") or ""
-        if not name:
-            errors.append(f"{where}.name: Required value")
-        elif qualified_name_error(name):
-            errors.append(f'{where}.name: Invalid value: "{name}": {qualified_name_error(name)}')
-        elif name in seen:
-            errors.append(f'{where}.name: Duplicate value: "{name}"')
-        seen.add(name)
-        problem = _cel_error(cond.get("expression"))
-        if problem:
-            errors.append(f"{where}.expression: {problem}")
-    for i, var in enumerate(spec.get("variables") or []):
-        if not _CEL_IDENT.match(var.get("name") or ""):
-            errors.append(f'spec.variables[{i}].name: Invalid value: "{var.get("name")}": must be a CEL identifier')
-        problem = _cel_error(var.get("expression"))
-        if problem:
-            errors.append(f"spec.variables[{i}].expression: {problem}")
-    kind = spec.get("paramKind")
-    if kind is not None and (not kind.get("apiVersion") or not kind.get("kind")):
-        errors.append("spec.paramKind: Required value: apiVersion and kind are required")
-    return errors
-
-
-def _validate_binding(obj: dict) -> list[str]:
-    spec = obj.get("spec") or {}
-    errors = [] if spec.get("policyName") else ["spec.policyName: Required value"]
-    ref = spec.get("paramRef")
-    if ref is not None:
-        if not ref.get("name") and ref.get("selector") is None:
-            errors.append("spec.paramRef: Required value: one of name or selector must be set")
-        errors += _enum_error(
-            "spec.paramRef.parameterNotFoundAction", ref.get("parameterNotFoundAction"), ("Allow", "Deny"), True
-        )
-    match = spec.get("matchResources")
-    if match:
-        errors += _rules_errors(match.get("resourceRules"), "spec.matchResources.resourceRules", False)
-        errors += _rules_errors(match.get("excludeResourceRules"), "spec.matchResources.excludeResourceRules", False)
-    return errors
 
 
 def _admission_defaults(obj: dict) -> dict:
@@ -1734,8 +1558,8 @@ def _admission_defaults(obj: dict) -> dict:
 
 #: plural -> (kind, validator)
 ADMISSION_KINDS = {
-    "mutatingadmissionpolicies": ("MutatingAdmissionPolicy", _validate_policy),
-    "mutatingadmissionpolicybindings": ("MutatingAdmissionPolicyBinding", _validate_binding),
+    "mutatingadmissionpolicies": "MutatingAdmissionPolicy",
+    "mutatingadmissionpolicybindings": "MutatingAdmissionPolicyBinding",
 }
 
 

@@ -33,7 +33,7 @@ options:
     description: Namespaces CMK was installed into (its C(--namespace), and the namespace of its service account).
     type: list
     elements: str
-    default: [default, intel-cmk]
+    default: [default, intel-cmk, cmk-namespace]
   checked:
     description:
       - Node name to what its M(cpupools.cpupools.cpupools_state) run found of the PIDs CMK v1.5's ConfigMap
@@ -105,7 +105,7 @@ from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools_kube im
 
 ARGUMENT_SPEC = {
     "nodes": {"type": "list", "elements": "str", "required": True},
-    "namespaces": {"type": "list", "elements": "str", "default": ["default", "intel-cmk"]},
+    "namespaces": {"type": "list", "elements": "str", "default": ["default", "intel-cmk", "cmk-namespace"]},
     "checked": {"type": "dict", "default": {}},
     **CONNECTION_ARGS,
 }

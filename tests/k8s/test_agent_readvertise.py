@@ -1,8 +1,7 @@
-"""`cmk reconcile --kubeconfig`: the built node agent re-advertises over HTTPS with the kubelet's certificate."""
+"""`cmk reconcile --kubeconfig`: the built node agent re-advertises to the real server as its kubelet."""
 
 from __future__ import annotations
 
-import base64
 import os
 import subprocess
 import sys
@@ -11,7 +10,7 @@ import pytest
 from cpupools import state as st
 from cpupools import state_writer as sw
 from helpers import REPO
-from k8s_fake import FakeKube, write_kubeconfig
+from k8s_fake import write_kubeconfig
 
 EXCL = "cmk.intel.com/exclusive-cores"
 ENI = "cmk.intel.com/exclusive-non-isolcpus-cores"
@@ -52,26 +51,21 @@ def reconcile(cmk, conf, *extra):
     )
 
 
-def test_reconcile_readvertises_with_the_kubelet_certificate(cmk, conf, tmp_path, pki):
-    with FakeKube(tls=(str(pki["server_cert"]), str(pki["server_key"]), str(pki["ca"]))) as kube:
-        kube.add_node("node-1")
-        kubelet_conf = write_kubeconfig(
-            tmp_path / "kubelet.conf",
-            kube.url,
-            cluster={"certificate-authority-data": base64.b64encode(pki["ca"].read_bytes()).decode()},
-            user={"client-certificate": str(pki["client_pem"]), "client-key": str(pki["client_pem"])},
-        )
-        first = reconcile(cmk, conf, f"--kubeconfig={kubelet_conf}", "--node-name=node-1")
-        assert first.returncode == 0, first.stderr
-        assert first.stdout.strip().startswith("{") and '"reclaimedCpuLists": []' in first.stdout
-        assert f"re-advertised {EXCL}=3, {ENI}=1 on node node-1" in first.stderr
-        capacity = kube.nodes["node-1"]["status"]["capacity"]
-        assert capacity[EXCL] == "3" and capacity[ENI] == "1"
-        assert [(w.path, w.user) for w in kube.writes()] == [("/api/v1/nodes/node-1/status", "system:node:node-1")]
-        # Nothing missing: a second pass reads and writes nothing.
-        second = reconcile(cmk, conf, f"--kubeconfig={kubelet_conf}", "--node-name=node-1")
-        assert second.returncode == 0 and second.stderr == ""
-        assert len(kube.writes()) == 1
+def test_reconcile_readvertises_with_the_kubelet_certificate(cmk, conf, cluster):
+    node = cluster.node
+    kubelet_conf = cluster.kubeconfig("kubelet.conf", node=node, inline_ca=True)
+    first = reconcile(cmk, conf, f"--kubeconfig={kubelet_conf}", f"--node-name={node}")
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.strip().startswith("{") and '"reclaimedCpuLists": []' in first.stdout
+    assert f"re-advertised {EXCL}=3, {ENI}=1 on node {node}" in first.stderr
+    capacity = cluster.real.node(node)["status"]["capacity"]
+    assert capacity[EXCL] == "3" and capacity[ENI] == "1"
+    kubelet = f"system:node:{node}"
+    assert [e["requestURI"] for e in cluster.writes(kubelet)] == [f"/api/v1/nodes/{node}/status"]
+    # Nothing missing: a second pass reads and writes nothing.
+    second = reconcile(cmk, conf, f"--kubeconfig={kubelet_conf}", f"--node-name={node}")
+    assert second.returncode == 0 and second.stderr == ""
+    assert len(cluster.writes(kubelet)) == 1
 
 
 def test_without_the_kubelet_kubeconfig_it_is_quietly_off(cmk, conf, tmp_path):

@@ -15,6 +15,7 @@ from cpupools.k8s import (
     layout_crd,
     layout_object,
     node_changes,
+    with_defaults,
 )
 from cpupools.k8s_advertise import parse_kubeconfig_text
 from k8s_fake import ApiError, FakeKube, apply_json_patch, prune
@@ -236,3 +237,30 @@ def test_drain_candidates_skip_daemonsets_and_mirror_pods():
     assert out["unmanaged"] == [{"namespace": "a", "name": "bare"}]
     assert out["daemonset"] == [{"namespace": "kube-system", "name": "proxy"}]
     assert out["mirror"] == [{"namespace": "kube-system", "name": "etcd-n1"}]
+
+
+def test_with_defaults_fills_what_a_crd_defaults_recursively_and_leaves_the_rest():
+    schema = {
+        "type": "object",
+        "properties": {
+            "agent": {"type": "object", "default": {}, "properties": {"on": {"type": "boolean", "default": True}}},
+            "pin": {"type": "boolean", "default": True},
+            "types": {
+                "type": "array",
+                "items": {"type": "object", "properties": {"prio": {"type": "string", "default": "high"}}},
+            },
+            "named": {
+                "type": "object",
+                "additionalProperties": {"type": "object", "properties": {"n": {"default": 1}}},
+            },
+        },
+    }
+    value = {"pin": False, "types": [{"name": "a"}, {"prio": "low"}], "named": {"x": {}}, "other": None}
+    assert with_defaults(value, schema) == {
+        "agent": {"on": True},  # a default is itself defaulted
+        "pin": False,
+        "types": [{"name": "a", "prio": "high"}, {"prio": "low"}],
+        "named": {"x": {"n": 1}},
+        "other": None,
+    }
+    assert value["types"][0] == {"name": "a"}  # the input is not changed

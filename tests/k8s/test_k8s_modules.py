@@ -1,9 +1,11 @@
-"""cpupools_k8s_node, cpupools_k8s_drain and the k8s_node role, run by real ansible-playbook against the fake."""
+"""cpupools_k8s_node, cpupools_k8s_drain and the cpupools_k8s role: real ansible-playbook against the real server.
+
+The few tests that stay on the fake say why in their docstring.
+"""
 
 from __future__ import annotations
 
 import socket
-import time
 
 import pytest
 from cpupools.k8s import layout_crd
@@ -29,61 +31,67 @@ DRAIN_PLAY = """
     - name: Drain
       cpupools_k8s_drain: "{{ args }}"
 """
+MERGE = "application/merge-patch+json"
 
 
-def node_args(kubeconfig, plan, **extra):
-    return {"args": {"node_name": "node-1", "plan": plan, "kubeconfig": str(kubeconfig), **extra}}
+def node_args(kubeconfig, plan, node="node-1", **extra):
+    return {"args": {"node_name": node, "plan": plan, "kubeconfig": str(kubeconfig), **extra}}
 
 
-def no_secret(res):
-    assert TOKEN not in res.stdout and TOKEN not in res.stderr
+def real_args(cluster, plan, **extra):
+    return node_args(cluster.kubeconfig(), plan, cluster.node, **extra)
 
 
-def test_first_run_changes_second_does_not_and_writes_nothing(playbook, fake, kubeconfig, make_plan):
+def no_secret(res, token=TOKEN):
+    assert token not in res.stdout and token not in res.stderr
+
+
+def test_first_run_changes_second_does_not_and_writes_nothing(playbook, cluster, no_layout_crd, make_plan):
     plan = make_plan()
-    first = playbook(NODE_PLAY, node_args(kubeconfig, plan, labels={"example.com/tier": "gold"}))
+    node = cluster.node
+    first = playbook(NODE_PLAY, real_args(cluster, plan, labels={"example.com/tier": "gold"}))
     assert first.rc == 0, first.stdout
     assert first.changed() == 1
     out = first.result("Node")
     assert out["capacity"] == {EXCL: "6"} and out["crd"] == "created" and out["layout"] == "created"
-    node = fake.nodes["node-1"]
-    assert node["metadata"]["labels"] == {
-        "kubernetes.io/hostname": "node-1",
+    stored = cluster.real.node(node)
+    assert stored["metadata"]["labels"] == {
+        "kubernetes.io/hostname": node,
         "team": "blue",
         "cmk.intel.com/cmk-node": "true",
         "example.com/tier": "gold",
     }
-    assert node["spec"]["taints"] == [
+    assert stored["spec"]["taints"] == [
         {"key": "dedicated", "value": "rt", "effect": "NoExecute"},
         {"key": "cmk", "value": "true", "effect": "NoSchedule"},
     ]
-    assert node["status"]["capacity"][EXCL] == "6" and node["status"]["allocatable"][EXCL] == "6"
-    patches = [r for r in fake.writes() if r.method == "PATCH"]
-    assert {r.content_type for r in patches} == {"application/json-patch+json"}
-    assert all(r.body[0]["op"] == "test" and r.body[0]["path"] == "/metadata/resourceVersion" for r in patches)
-    layout = fake.objects[("cpupools.io", "cpupoollayouts", "node-1")]
+    assert stored["status"]["capacity"][EXCL] == "6" and stored["status"]["allocatable"][EXCL] == "6"
+    patches = [e for e in cluster.writes() if e["verb"] == "patch"]
+    assert {e["requestObject"][0]["op"] for e in patches} == {"test"}  # every patch guarded by the resourceVersion
+    assert {e["requestObject"][0]["path"] for e in patches} == {"/metadata/resourceVersion"}
+    layout = cluster.real.get(f"{LAYOUTS}/{node}")
     assert layout["spec"]["poolCpus"] == plan["pool_cpus"] and layout["spec"]["extendedResources"] == {EXCL: 6}
-
-    writes = len(fake.writes())
-    second = playbook(NODE_PLAY, node_args(kubeconfig, plan, labels={"example.com/tier": "gold"}))
+    writes = len(cluster.writes())
+    second = playbook(NODE_PLAY, real_args(cluster, plan, labels={"example.com/tier": "gold"}))
     assert second.rc == 0 and second.changed() == 0, second.stdout
-    assert len(fake.writes()) == writes
-    no_secret(first)
-    no_secret(second)
+    assert len(cluster.writes()) == writes
+    no_secret(first, cluster.real.product_token)
+    no_secret(second, cluster.real.product_token)
 
 
-def test_check_mode_predicts_and_sends_no_write(playbook, fake, kubeconfig, make_plan):
-    before = fake.nodes["node-1"]
-    res = playbook(NODE_PLAY, node_args(kubeconfig, make_plan()), "--check", "--diff")
+def test_check_mode_predicts_and_sends_no_write(playbook, cluster, no_layout_crd, make_plan):
+    before = cluster.real.node(cluster.node)
+    res = playbook(NODE_PLAY, real_args(cluster, make_plan()), "--check", "--diff")
     assert res.rc == 0 and res.changed() == 1, res.stdout
-    assert fake.writes() == []
-    assert fake.nodes["node-1"] == before
+    assert cluster.writes() == []
+    assert cluster.real.node(cluster.node)["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
     out = res.result("Node")
     assert out["capacity"] == {EXCL: "6"} and out["crd"] == "created" and out["layout"] == "created"
     assert out["diff"]["before"]["capacity"] == {} and out["diff"]["after"]["capacity"] == {EXCL: "6"}
 
 
 def test_a_concurrent_writer_is_retried_not_overwritten(playbook, fake, kubeconfig, make_plan):
+    """Fake: the other writer must land between our read and our patch, a moment a real server cannot be held at."""
     # Someone changes the node between our read and our patch: the resourceVersion test fails (422), we re-read.
     fake.before("PATCH", r"^/api/v1/nodes/node-1$", lambda: fake.touch_node("node-1", "example.com/racer"))
     fake.fail("PATCH", r"^/api/v1/nodes/node-1/status$", 409)  # and a plain 409 on the status write
@@ -98,15 +106,17 @@ def test_a_concurrent_writer_is_retried_not_overwritten(playbook, fake, kubeconf
     assert fake.nodes["node-1"]["status"]["capacity"][EXCL] == "6"
 
 
-def test_forbidden_and_not_found_give_one_clear_message(playbook, fake, kubeconfig, make_plan):
-    fake.fail("PATCH", r"^/api/v1/nodes/", 403, times=-1)
-    res = playbook(NODE_PLAY, node_args(kubeconfig, make_plan()))
+def test_forbidden_and_not_found_give_one_clear_message(playbook, cluster, make_plan):
+    # A user the server knows but has granted nothing: every request is refused (403).
+    nobody = cluster.kubeconfig("nobody.conf", token=cluster.real.controller_token)
+    res = playbook(NODE_PLAY, node_args(nobody, make_plan(), cluster.node))
     assert res.rc != 0
     msg = res.messages()
-    assert "node 'node-1' on API server " + fake.url in msg and "forbidden (403)" in msg and "nodes/status" in msg
-    assert "Traceback" not in res.stdout + res.stderr
-    no_secret(res)
-    missing = playbook(NODE_PLAY, {"args": dict(node_args(kubeconfig, make_plan())["args"], node_name="node-9")})
+    assert f"node '{cluster.node}' on API server {cluster.url}" in msg and "forbidden (403)" in msg, msg
+    assert 'User "cpupools" cannot get resource "nodes"' in msg
+    assert "nodes/status" in msg and "Traceback" not in res.stdout + res.stderr
+    no_secret(res, cluster.real.controller_token)
+    missing = playbook(NODE_PLAY, node_args(cluster.kubeconfig(), make_plan(), "node-9"))
     assert missing.rc != 0
     assert "cpupools_k8s_node_name: node 'node-9' on API server" in missing.messages()
     assert "no such node (404)" in missing.messages()
@@ -128,38 +138,41 @@ def test_unreachable_server_and_invalid_kubeconfig(playbook, tmp_path, make_plan
     no_secret(res)
 
 
-def test_absent_removes_only_ours_and_the_layout(playbook, fake, kubeconfig, make_plan):
+def test_absent_removes_only_ours_and_the_layout(playbook, cluster, make_plan):
     user = {"example.com/tier": "gold"}
-    assert playbook(NODE_PLAY, node_args(kubeconfig, make_plan(), labels=user)).rc == 0
-    fake.touch_node("node-1", "example.com/later")  # a label someone else added meanwhile
-    res = playbook(
-        NODE_PLAY, {"args": {"node_name": "node-1", "state": "absent", "labels": user, "kubeconfig": str(kubeconfig)}}
-    )
+    node = cluster.node
+    assert playbook(NODE_PLAY, real_args(cluster, make_plan(), labels=user)).rc == 0
+    later = {"metadata": {"labels": {"example.com/later": "yes"}}}  # a label someone else added meanwhile
+    cluster.real.ok("PATCH", f"/api/v1/nodes/{node}", later, content_type=MERGE)
+    args = {"args": {"node_name": node, "state": "absent", "labels": user, "kubeconfig": str(cluster.kubeconfig())}}
+    res = playbook(NODE_PLAY, args)
     assert res.rc == 0 and res.changed() == 1, res.stdout
-    node = fake.nodes["node-1"]
-    assert set(node["metadata"]["labels"]) == {"kubernetes.io/hostname", "team", "example.com/later"}
-    assert node["spec"]["taints"] == [{"key": "dedicated", "value": "rt", "effect": "NoExecute"}]
-    assert EXCL not in node["status"]["capacity"] and node["status"]["capacity"]["cpu"] == "8"
-    assert fake.objects == {} and "cpupoollayouts.cpupools.io" in fake.crds
-    again = playbook(
-        NODE_PLAY, {"args": {"node_name": "node-1", "state": "absent", "labels": user, "kubeconfig": str(kubeconfig)}}
-    )
+    stored = cluster.real.node(node)
+    assert set(stored["metadata"]["labels"]) == {"kubernetes.io/hostname", "team", "example.com/later"}
+    assert stored["spec"]["taints"] == [{"key": "dedicated", "value": "rt", "effect": "NoExecute"}]
+    assert EXCL not in stored["status"]["capacity"] and stored["status"]["capacity"]["cpu"] == "8"
+    assert cluster.real.get(f"{LAYOUTS}/{node}") is None
+    assert cluster.real.get(f"{CRDS}/cpupoollayouts.cpupools.io") is not None  # other nodes use it
+    again = playbook(NODE_PLAY, args)
     assert again.rc == 0 and again.changed() == 0
 
 
-def test_a_changed_plan_updates_the_count_and_the_layout(playbook, fake, kubeconfig, make_plan):
-    assert playbook(NODE_PLAY, node_args(kubeconfig, make_plan())).rc == 0
-    rv = fake.objects[("cpupools.io", "cpupoollayouts", "node-1")]["metadata"]["resourceVersion"]
-    res = playbook(NODE_PLAY, node_args(kubeconfig, make_plan(num_exclusive_cores=4), pending_reboot=True))
+def test_a_changed_plan_updates_the_count_and_the_layout(playbook, cluster, make_plan):
+    node = cluster.node
+    assert playbook(NODE_PLAY, real_args(cluster, make_plan())).rc == 0
+    rv = cluster.real.get(f"{LAYOUTS}/{node}")["metadata"]["resourceVersion"]
+    res = playbook(NODE_PLAY, real_args(cluster, make_plan(num_exclusive_cores=4), pending_reboot=True))
     assert res.rc == 0 and res.result("Node")["layout"] == "updated" and res.result("Node")["crd"] == "unchanged"
-    layout = fake.objects[("cpupools.io", "cpupoollayouts", "node-1")]
+    layout = cluster.real.get(f"{LAYOUTS}/{node}")
     assert layout["metadata"]["resourceVersion"] != rv and layout["spec"]["pendingReboot"] is True
-    assert fake.nodes["node-1"]["status"]["capacity"][EXCL] == "4"
-    puts = [r for r in fake.writes() if r.method == "PUT"]
-    assert puts and all(r.body["metadata"]["resourceVersion"] for r in puts)
+    assert cluster.real.node(node)["status"]["capacity"][EXCL] == "4"
+    puts = [e for e in cluster.writes() if e["verb"] == "update"]
+    assert puts and all(e["requestObject"]["metadata"]["resourceVersion"] for e in puts)
 
 
 def test_a_crd_another_host_just_created_is_waited_for(playbook, fake, kubeconfig, make_plan):
+    """Fake: our POST must get the 409 of another host's CRD not yet Established, a moment a real server does not
+    hold; tests/k8s/test_k8s_apply.py races two hosts on the real server."""
     # Two hosts race on a fresh cluster: the other POST lands first, ours gets 409, and that CRD is not
     # Established yet, so its group is not served: a layout POST now would get the bare "404 page not found".
     fake.crd_establish_delay = 2.0
@@ -172,66 +185,51 @@ def test_a_crd_another_host_just_created_is_waited_for(playbook, fake, kubeconfi
     assert [(r.method, r.path) for r in fake.writes() if r.method == "POST"] == [("POST", CRDS), ("POST", LAYOUTS)]
 
 
-def test_a_crd_whose_names_another_crd_holds_is_one_clear_message(playbook, fake, kubeconfig, make_plan):
-    other = layout_crd()
-    other["metadata"] = {"name": "pools.cpupools.io"}
-    other["spec"]["names"] = {"kind": "CpuPoolLayout", "plural": "pools", "singular": "pool"}
-    fake.add_crd(other)
-    started = time.monotonic()
-    first = playbook(NODE_PLAY, node_args(kubeconfig, make_plan()))  # creates ours; its names are refused
-    assert first.rc != 0 and time.monotonic() - started < 20  # said at once, not after the Established deadline
-    again = playbook(NODE_PLAY, node_args(kubeconfig, make_plan()))  # ours exists now, still refused
-    assert again.rc != 0
-    for res in (first, again):
-        msg = res.messages()
-        assert "the CustomResourceDefinition cpupoollayouts.cpupools.io cannot be used" in msg, msg
-        assert 'NamesAccepted=False (KindConflict: "CpuPoolLayout" is already in use)' in msg
-        assert "another CustomResourceDefinition of group cpupools.io" in msg
-        assert "Traceback" not in res.stdout + res.stderr
-    assert not [r for r in fake.writes() if r.path.startswith(LAYOUTS)]
-
-
-def test_a_crd_update_keeps_what_other_owners_put_on_it(playbook, fake, kubeconfig, make_plan):
+def test_a_crd_update_keeps_what_other_owners_put_on_it(playbook, cluster, no_layout_crd, make_plan):
     older = layout_crd()  # as an older cpupools installed it, then a GitOps tool labelled and annotated it
     del older["spec"]["versions"][0]["additionalPrinterColumns"][4]
     older["metadata"]["labels"]["argocd.argoproj.io/instance"] = "platform"
     older["metadata"]["annotations"] = {"gitops.example.com/revision": "4f2a9c1"}
-    fake.add_crd(older)
-    res = playbook(NODE_PLAY, node_args(kubeconfig, make_plan()))
+    cluster.real.ensure_crd(older)
+    res = playbook(NODE_PLAY, real_args(cluster, make_plan()))
     assert res.rc == 0 and res.result("Node")["crd"] == "updated", res.messages()
-    crd = fake.crds["cpupoollayouts.cpupools.io"]
+    crd = cluster.real.get(f"{CRDS}/cpupoollayouts.cpupools.io")
     assert crd["metadata"]["labels"] == {
         "app.kubernetes.io/managed-by": "cpupools",
         "argocd.argoproj.io/instance": "platform",
     }
     assert crd["metadata"]["annotations"] == {"gitops.example.com/revision": "4f2a9c1"}
     assert len(crd["spec"]["versions"][0]["additionalPrinterColumns"]) == 6
-    crd_writes = [r for r in fake.writes() if r.path == f"{CRDS}/cpupoollayouts.cpupools.io"]
-    assert [(r.method, r.content_type) for r in crd_writes] == [("PATCH", "application/merge-patch+json")]
-    writes = len(fake.writes())
-    again = playbook(NODE_PLAY, node_args(kubeconfig, make_plan()))
+    crd_writes = [e for e in cluster.writes() if e["objectRef"]["resource"] == "customresourcedefinitions"]
+    assert [(e["verb"], e["requestURI"].split("?")[0]) for e in crd_writes] == [
+        ("patch", f"{CRDS}/cpupoollayouts.cpupools.io")
+    ]
+    writes = len(cluster.writes())
+    again = playbook(NODE_PLAY, real_args(cluster, make_plan()))
     assert again.rc == 0 and again.changed() == 0 and again.result("Node")["crd"] == "unchanged"
-    assert len(fake.writes()) == writes
+    assert len(cluster.writes()) == writes
 
 
-def test_a_just_registered_node_without_status_capacity(playbook, fake, kubeconfig, make_plan):
-    fake.add_node("node-2", with_capacity=False, ready=False)  # still carries node.kubernetes.io/not-ready
-    args = {"args": dict(node_args(kubeconfig, make_plan(), publish=False)["args"], node_name="node-2")}
+def test_a_just_registered_node_without_status_capacity(playbook, cluster, make_plan):
+    node = cluster.add_node(with_capacity=False, ready=False)  # still carries node.kubernetes.io/not-ready
+    args = {"args": dict(real_args(cluster, make_plan(), publish=False)["args"], node_name=node)}
     res = playbook(NODE_PLAY, args)
     assert res.rc == 0, res.stdout
-    node = fake.nodes["node-2"]
-    assert node["status"]["capacity"] == {EXCL: "6"}
-    assert node["status"]["allocatable"] == {EXCL: "6"}  # the server copies a capacity set without allocatable
-    assert [(t["key"], t["effect"]) for t in node["spec"]["taints"]] == [
+    stored = cluster.real.node(node)
+    assert stored["status"]["capacity"] == {EXCL: "6"}
+    assert stored["status"]["allocatable"] == {EXCL: "6"}  # the server copies a capacity set without allocatable
+    assert [(t["key"], t["effect"]) for t in stored["spec"]["taints"]] == [
         ("node.kubernetes.io/not-ready", "NoSchedule"),
         ("cmk", "NoSchedule"),
     ]
-    writes = len(fake.writes())
+    writes = len(cluster.writes())
     again = playbook(NODE_PLAY, args)
-    assert again.rc == 0 and again.changed() == 0 and len(fake.writes()) == writes
+    assert again.rc == 0 and again.changed() == 0 and len(cluster.writes()) == writes
 
 
 def test_drain_respects_pdbs_skips_daemonsets_and_uncordons(playbook, fake, kubeconfig):
+    """Fake: with no controller manager and no kubelet, a real test server computes no PodDisruptionBudget
+    status (evictions are refused until it does) and never ends an evicted pod; the fake does both."""
     fake.add_pod("shop", "web-1", "node-1", owner="ReplicaSet")
     fake.add_pod("shop", "db-0", "node-1", owner="StatefulSet", labels={"app": "db"})
     fake.add_pod("shop", "db-1", "node-2", owner="StatefulSet", labels={"app": "db"})
@@ -284,6 +282,7 @@ def test_drain_respects_pdbs_skips_daemonsets_and_uncordons(playbook, fake, kube
 
 
 def test_drain_times_out_naming_the_blocked_pod_and_refuses_bare_pods(playbook, fake, kubeconfig):
+    """Fake: as above, a budget's status is the disruption controller's, which a test server does not run."""
     fake.add_pod("shop", "db-0", "node-1", owner="StatefulSet", labels={"app": "db"})
     fake.add_pdb("shop", "db-budget", {"app": "db"}, min_available=1)
     args = {"node_name": "node-1", "kubeconfig": str(kubeconfig), "poll_interval": 0.2, "timeout": 1}
@@ -324,15 +323,16 @@ def test_a_missing_kubeconfig_is_refused_by_its_variable_name(playbook, make_pla
     )
 
 
-def test_role_configures_the_node_then_changes_nothing(playbook, fake, kubeconfig, make_plan):
+def test_role_configures_the_node_then_changes_nothing(playbook, cluster, no_admission, make_plan):
     extra = {
         "cpupools_plan": make_plan(),
-        "cpupools_k8s_kubeconfig": str(kubeconfig),
-        "cpupools_k8s_node_name": "node-1",
+        "cpupools_k8s_kubeconfig": str(cluster.kubeconfig()),
+        "cpupools_k8s_node_name": cluster.node,
     }
     first = playbook(ROLE_PLAY, extra)
     # the Node, and the cluster's pod injection policy (tests/k8s/test_admission_role.py)
     assert first.rc == 0 and first.changed() == 2, first.stdout
+    writes = len(cluster.writes())
     second = playbook(ROLE_PLAY, extra)
-    assert second.rc == 0 and second.changed() == 0
-    assert fake.nodes["node-1"]["metadata"]["labels"]["cmk.intel.com/cmk-node"] == "true"
+    assert second.rc == 0 and second.changed() == 0 and len(cluster.writes()) == writes
+    assert cluster.real.node(cluster.node)["metadata"]["labels"]["cmk.intel.com/cmk-node"] == "true"

@@ -10,10 +10,11 @@ import time
 
 import pytest
 import yaml
+from cmk_seed import cleanup, seed_cmk, workload
 from helpers import REPO, tree_snapshot
 from k8s_support import TOKEN
 from sysfs import Spec
-from test_cmk_retire import CLUSTER, NODE_1, seed_cmk, workload
+from test_cmk_retire import NS, cluster_pieces, node_pieces
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +41,7 @@ def write_cmk14_state(conf):
 
 
 @pytest.fixture
-def cmk_node(tmp_path, make_root):
+def cmk_node(tmp_path, make_root, cluster):
     """``(inventory, conf, holders, stop)``: a node on which CMK v1.4's isolate holds an exclusive and an infra
     list (a workload, and CMK's reconcile pod); both end cleanly once ``stop`` exists."""
     facts = make_root(NODE, "facts")
@@ -69,7 +70,8 @@ def cmk_node(tmp_path, make_root):
         "          ansible_python_interpreter: '{{ ansible_playbook_python }}'\n"
         f"          cpupools_root: {root}\n          cpupools_facts_root: {facts}\n"
         "          cpupools_num_exclusive_cores: 1\n          cpupools_num_shared_cores: 1\n"
-        "          cpupools_kernel_args_backend: grub\n          cpupools_k8s_node_name: node-1\n"
+        "          cpupools_kernel_args_backend: grub\n"
+        f"          cpupools_k8s_node_name: {cluster.node}\n"
     )
     yield str(inventory), conf, holders, stop
     stop.touch()
@@ -78,32 +80,41 @@ def cmk_node(tmp_path, make_root):
         proc.wait()
 
 
-def test_migrate_in_check_mode_then_for_real_keeps_holders_and_retires_cmk(playbook, fake, kubeconfig, cmk_node):
+def test_migrate_in_check_mode_then_for_real_keeps_holders_and_retires_cmk(playbook, cluster, cmk_node):
     inventory, conf, holders, stop = cmk_node
-    seed_cmk(fake)
-    workload(fake)
-    state_before = tree_snapshot(conf)
-    kube = {"cpupools_k8s_kubeconfig": str(kubeconfig)}
-    res = playbook(MIGRATE, kube, "--check", "--diff", inventory=inventory)
-    assert res.rc == 0, res.stdout[-4000:]
-    assert res.result("Remove CMK's cluster pieces of the adopted nodes")["removed"] == NODE_1 + CLUSTER
-    assert fake.writes() == [] and tree_snapshot(conf) == state_before
-    res = playbook(MIGRATE, kube, inventory=inventory)
-    assert res.rc == 0, res.stdout[-4000:]
-    assert res.result("Remove CMK's cluster pieces of the adopted nodes")["removed"] == NODE_1 + CLUSTER
-    # The workloads kept their lists, under CMK's names; CMK's objects are gone; cpupools labelled the node.
-    assert (conf / "pools/exclusive/0/1/tasks").read_text() == str(holders[0].pid)
-    assert (conf / "pools/infra/0/0,3/tasks").read_text() == str(holders[1].pid)
-    assert all(p.poll() is None for p in holders)
-    assert not [k for k in fake.resources if k[3].startswith("cmk-") or k[1].startswith("cmk-")]
-    assert fake.nodes["node-1"]["metadata"]["labels"]["cmk.intel.com/cmk-node"] == "true"
-    after = tree_snapshot(conf)
-    writes = len(fake.writes())
-    res = playbook(MIGRATE, kube, inventory=inventory)
-    assert res.rc == 0 and res.changed() == 0, [
-        t["task"]["name"] for t in res.tasks() if t["hosts"]["localhost"].get("changed")
-    ]
-    assert tree_snapshot(conf) == after and len(fake.writes()) == writes
+    real, node = cluster.real, cluster.node
+    telco = real.unique("telco")
+    try:
+        seed_cmk(real, [node])
+        workload(real, "dpdk-0", telco, node)
+        expected = node_pieces(node) + cluster_pieces()
+        state_before = tree_snapshot(conf)
+        kube = {"cpupools_k8s_kubeconfig": str(cluster.kubeconfig())}
+        res = playbook(MIGRATE, kube, "--check", "--diff", inventory=inventory)
+        assert res.rc == 0, res.stdout[-4000:]
+        assert res.result("Remove CMK's cluster pieces of the adopted nodes")["removed"] == expected
+        assert cluster.writes() == [] and tree_snapshot(conf) == state_before
+        res = playbook(MIGRATE, kube, inventory=inventory)
+        assert res.rc == 0, res.stdout[-4000:]
+        assert res.result("Remove CMK's cluster pieces of the adopted nodes")["removed"] == expected
+        # The workloads kept their lists, under CMK's names; CMK's objects are gone; cpupools labelled the node.
+        assert (conf / "pools/exclusive/0/1/tasks").read_text() == str(holders[0].pid)
+        assert (conf / "pools/infra/0/0,3/tasks").read_text() == str(holders[1].pid)
+        assert all(p.poll() is None for p in holders)
+        assert real.get(f"/apis/apps/v1/namespaces/{NS}/daemonsets/cmk-reconcile-nodereport-ds-{node}") is None
+        assert real.get("/apis/rbac.authorization.k8s.io/v1/clusterroles/cmk-exec") is None
+        assert real.node(node)["metadata"]["labels"]["cmk.intel.com/cmk-node"] == "true"
+        after = tree_snapshot(conf)
+        writes = len(cluster.writes())
+        res = playbook(MIGRATE, kube, inventory=inventory)
+        assert res.rc == 0 and res.changed() == 0, [
+            t["task"]["name"] for t in res.tasks() if t["hosts"]["localhost"].get("changed")
+        ]
+        assert tree_snapshot(conf) == after and len(cluster.writes()) == writes
+    finally:
+        cleanup(real, [NS, "default", telco])
+        for plural in ("mutatingadmissionpolicybindings", "mutatingadmissionpolicies"):
+            real.request("DELETE", f"/apis/admissionregistration.k8s.io/v1/{plural}/cpupools-cmk-inject")
     # CMK's holders end as CMK v1.4 ends them: status 0, their PIDs gone, nothing renamed; the lists serve ours.
     stop.touch()
     assert [p.wait(timeout=60) for p in holders] == [0, 0]

@@ -15,10 +15,9 @@ from cpupools.runtimes import (
     render,
 )
 from cpupools.topology import gather_topology
-from k8s_support import TOKEN
+from k8s_real import PRODUCT_USER
 from runtime_rules import (
     lscpu_cores,
-    nri_crd,
     nri_errors,
     pooler_exclusive_grant,
     read_poolconfig,
@@ -227,7 +226,7 @@ def test_infra_on_isolated_cpus_is_refused_for_every_config_runtime(corpus_root)
     check_runtime(plan, core_numbers(cores_of(topo)), "cmk", "multiThreaded")
 
 
-# The module against the fake server -----------------------------------------
+# The module against the real server -----------------------------------------
 
 PLAY = """
 - hosts: localhost
@@ -238,75 +237,110 @@ PLAY = """
 """
 
 
-def args(kubeconfig, plan, node="node-1", **extra):
-    return {"args": {"node_name": node, "plan": plan, "kubeconfig": str(kubeconfig), **extra}}
+@pytest.fixture
+def ns(cluster):
+    """A namespace of this test's own for the runtime's configuration (the module's ``namespace``)."""
+    return cluster.real.namespace(cluster.real.unique("rt"))
 
 
-def run_ok(playbook, *a, **kw):
+def args(cluster, plan, ns, node=None, **extra):
+    return {
+        "args": {
+            "node_name": node or cluster.node,
+            "plan": plan,
+            "kubeconfig": str(cluster.kubeconfig()),
+            "namespace": ns,
+            **extra,
+        }
+    }
+
+
+def absent(cluster, ns, node=None):
+    return {
+        "args": {
+            "node_name": node or cluster.node,
+            "state": "absent",
+            "kubeconfig": str(cluster.kubeconfig()),
+            "namespace": ns,
+        }
+    }
+
+
+def run_ok(playbook, cluster, *a, **kw):
     res = playbook(*a, **kw)
     assert res.rc == 0, res.stdout
-    assert TOKEN not in res.stdout + res.stderr
+    assert cluster.real.product_token not in res.stdout + res.stderr
     return res
 
 
-def test_pooler_publish_label_rerun_and_check_mode(playbook, fake, kubeconfig, make_plan):
+def labels(cluster, node=None):
+    return cluster.real.node(node or cluster.node)["metadata"].get("labels") or {}
+
+
+def configmap(cluster, ns):
+    return cluster.real.get(f"/api/v1/namespaces/{ns}/configmaps/{POOLER_CONFIGMAP}")
+
+
+def test_pooler_publish_label_rerun_and_check_mode(playbook, cluster, ns, make_plan):
     plan = make_plan()
     want = render(plan, "cpu-pooler")
-    check = run_ok(playbook, PLAY, args(kubeconfig, plan, runtime="cpu-pooler"), "--check", "--diff")
-    assert check.changed() == 1 and fake.writes() == []
+    check = run_ok(playbook, cluster, PLAY, args(cluster, plan, ns, runtime="cpu-pooler"), "--check", "--diff")
+    assert check.changed() == 1 and cluster.writes() == []
     assert check.result("Runtime")["published"] == "created"
-    first = run_ok(playbook, PLAY, args(kubeconfig, plan, runtime="cpu-pooler"))
+    first = run_ok(playbook, cluster, PLAY, args(cluster, plan, ns, runtime="cpu-pooler"))
     assert first.changed() == 1 and first.result("Runtime")["group"] == want["group"]
-    cm = fake.resources[CM]
+    cm = configmap(cluster, ns)
     assert cm["data"] == {want["key"]: want["file"]}
     assert cm["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "cpupools"}
-    assert fake.nodes["node-1"]["metadata"]["labels"][POOLER_LABEL] == want["group"]
-    writes = len(fake.writes())
-    second = run_ok(playbook, PLAY, args(kubeconfig, plan, runtime="cpu-pooler"))
-    assert second.changed() == 0 and len(fake.writes()) == writes
-    again = run_ok(playbook, PLAY, args(kubeconfig, plan, runtime="cpu-pooler"), "--check")
-    assert again.changed() == 0
+    assert labels(cluster)[POOLER_LABEL] == want["group"]
+    writes = len(cluster.writes())
+    second = run_ok(playbook, cluster, PLAY, args(cluster, plan, ns, runtime="cpu-pooler"))
+    assert second.changed() == 0 and len(cluster.writes()) == writes
+    again = run_ok(playbook, cluster, PLAY, args(cluster, plan, ns, runtime="cpu-pooler"), "--check")
+    assert again.changed() == 0 and len(cluster.writes()) == writes
 
 
-def test_pooler_groups_are_shared_moved_and_retired_foreign_files_stay(playbook, fake, kubeconfig, make_plan):
-    fake.add_node("node-2")
-    fake.add_resource("v1", "configmaps", POOLER_CONFIGMAP, "kube-system", data={"poolconfig-dpdk.yaml": "x: 1\n"})
+def test_pooler_groups_are_shared_moved_and_retired_foreign_files_stay(playbook, cluster, ns, make_plan):
+    node_2 = cluster.add_node()
+    foreign = {"poolconfig-dpdk.yaml": "x: 1\n"}
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": POOLER_CONFIGMAP}, "data": foreign}
+    cluster.real.ok("POST", f"/api/v1/namespaces/{ns}/configmaps", cm)
     plan, other = make_plan(), make_plan(num_exclusive_cores=4)
-    run_ok(playbook, PLAY, args(kubeconfig, plan, runtime="cpu-pooler"))
-    run_ok(playbook, PLAY, args(kubeconfig, plan, node="node-2", runtime="cpu-pooler"))
+    run_ok(playbook, cluster, PLAY, args(cluster, plan, ns, runtime="cpu-pooler"))
+    run_ok(playbook, cluster, PLAY, args(cluster, plan, ns, node=node_2, runtime="cpu-pooler"))
     group = render(plan, "cpu-pooler")
-    assert set(fake.resources[CM]["data"]) == {"poolconfig-dpdk.yaml", group["key"]}  # one file for both nodes
-    moved = run_ok(playbook, PLAY, args(kubeconfig, other, runtime="cpu-pooler"))
+    assert set(configmap(cluster, ns)["data"]) == {"poolconfig-dpdk.yaml", group["key"]}  # one file for both nodes
+    moved = run_ok(playbook, cluster, PLAY, args(cluster, other, ns, runtime="cpu-pooler"))
     assert moved.result("Runtime")["retired"] == []  # node-2 still uses the old group
     new = render(other, "cpu-pooler")
-    assert set(fake.resources[CM]["data"]) == {"poolconfig-dpdk.yaml", group["key"], new["key"]}
+    assert set(configmap(cluster, ns)["data"]) == {"poolconfig-dpdk.yaml", group["key"], new["key"]}
     # node-2 leaves for NRI... which is not installed: one clear line, nothing changed on the node.
-    failed = playbook(PLAY, args(kubeconfig, other, node="node-2", runtime="nri-balloons"))
+    failed = playbook(PLAY, args(cluster, other, ns, node=node_2, runtime="nri-balloons"))
     assert failed.rc != 0
     assert "does not serve balloonspolicies.config.nri (BalloonsPolicy): install the nri-plugins" in failed.messages()
-    assert fake.nodes["node-2"]["metadata"]["labels"][POOLER_LABEL] == group["group"]
+    assert labels(cluster, node_2)[POOLER_LABEL] == group["group"]
     # node-2 goes back to cmk: its label goes, the old group is no longer used by anyone and is retired.
-    back = run_ok(playbook, PLAY, args(kubeconfig, plan, node="node-2", runtime="cmk"))
-    assert back.result("Runtime")["retired"] == [f"ConfigMap kube-system/{POOLER_CONFIGMAP} key {group['key']}"]
-    assert POOLER_LABEL not in fake.nodes["node-2"]["metadata"]["labels"]
-    assert set(fake.resources[CM]["data"]) == {"poolconfig-dpdk.yaml", new["key"]}
-    # Uninstall node-1: our key goes, the foreign file and the ConfigMap (not ours) stay.
-    gone = run_ok(playbook, PLAY, {"args": {"node_name": "node-1", "state": "absent", "kubeconfig": str(kubeconfig)}})
+    back = run_ok(playbook, cluster, PLAY, args(cluster, plan, ns, node=node_2, runtime="cmk"))
+    assert back.result("Runtime")["retired"] == [f"ConfigMap {ns}/{POOLER_CONFIGMAP} key {group['key']}"]
+    assert POOLER_LABEL not in labels(cluster, node_2)
+    assert set(configmap(cluster, ns)["data"]) == {"poolconfig-dpdk.yaml", new["key"]}
+    # Uninstall the first node: our key goes, the foreign file and the ConfigMap (not ours) stay.
+    gone = run_ok(playbook, cluster, PLAY, absent(cluster, ns))
     assert gone.changed() == 1
-    assert fake.resources[CM]["data"] == {"poolconfig-dpdk.yaml": "x: 1\n"}
-    assert POOLER_LABEL not in fake.nodes["node-1"]["metadata"]["labels"]
+    assert configmap(cluster, ns)["data"] == foreign
+    assert POOLER_LABEL not in labels(cluster)
 
 
-def test_a_configmap_cpupools_created_is_deleted_with_its_last_file(playbook, fake, kubeconfig, make_plan):
-    run_ok(playbook, PLAY, args(kubeconfig, make_plan(), runtime="cpu-pooler"))
-    assert CM in fake.resources
-    run_ok(playbook, PLAY, {"args": {"node_name": "node-1", "state": "absent", "kubeconfig": str(kubeconfig)}})
-    assert CM not in fake.resources
-    rerun = run_ok(playbook, PLAY, {"args": {"node_name": "node-1", "state": "absent", "kubeconfig": str(kubeconfig)}})
-    assert rerun.changed() == 0
+def test_a_configmap_cpupools_created_is_deleted_with_its_last_file(playbook, cluster, ns, make_plan):
+    run_ok(playbook, cluster, PLAY, args(cluster, make_plan(), ns, runtime="cpu-pooler"))
+    assert configmap(cluster, ns) is not None
+    run_ok(playbook, cluster, PLAY, absent(cluster, ns))
+    assert configmap(cluster, ns) is None
+    assert run_ok(playbook, cluster, PLAY, absent(cluster, ns)).changed() == 0
 
 
 def test_a_concurrent_writer_of_the_configmap_is_retried(playbook, fake, kubeconfig, make_plan):
+    """Fake: the other writer must write between our read and our PUT, a moment a real server cannot be held at."""
     fake.add_resource("v1", "configmaps", POOLER_CONFIGMAP, "kube-system", data={"poolconfig-a.yaml": "a\n"})
 
     def racer():
@@ -315,45 +349,51 @@ def test_a_concurrent_writer_of_the_configmap_is_retried(playbook, fake, kubecon
         fake._bump(cm)
 
     fake.before("PUT", r"/configmaps/cpu-pooler-configmap$", racer)
-    run_ok(playbook, PLAY, args(kubeconfig, make_plan(), runtime="cpu-pooler"))
+    node = {"node_name": "node-1", "plan": make_plan(), "kubeconfig": str(kubeconfig), "runtime": "cpu-pooler"}
+    res = playbook(PLAY, {"args": node})
+    assert res.rc == 0, res.stdout
     data = fake.resources[CM]["data"]
     assert {"poolconfig-a.yaml", "poolconfig-b.yaml"} <= set(data) and len(data) == 3
 
 
-@pytest.mark.parametrize(
-    "runtime,kind", [("nri-balloons", "BalloonsPolicy"), ("nri-topology-aware", "TopologyAwarePolicy")]
-)
-def test_nri_object_and_label_then_nothing_then_removed(playbook, fake, kubeconfig, make_plan, runtime, kind):
-    for k in ("BalloonsPolicy", "TopologyAwarePolicy"):
-        crd = nri_crd(k)
-        fake.add_crd_raw(crd["metadata"]["name"], crd)
+@pytest.mark.parametrize("runtime", ["nri-balloons", "nri-topology-aware"])
+def test_nri_object_and_label_then_no_write_then_removed(playbook, cluster, ns, nri_crds, make_plan, runtime):
+    """The CRD's defaults come back on every read; a converged second run still sends no write (the audit log)."""
+    from cpupools.k8s import with_defaults
+    from runtime_rules import NRI_KINDS
+
     plan = make_plan(isolated_pools=["exclusive"])
     want = render(plan, runtime)
-    plural = {"BalloonsPolicy": "balloonspolicies", "TopologyAwarePolicy": "topologyawarepolicies"}[kind]
-    key = ("config.nri/v1alpha1", plural, "kube-system", f"group.{want['group']}")
-    check = run_ok(playbook, PLAY, args(kubeconfig, plan, runtime=runtime), "--check")
-    assert check.changed() == 1 and fake.writes() == []
-    run_ok(playbook, PLAY, args(kubeconfig, plan, runtime=runtime))
-    stored = fake.resources[key]
-    assert stored["spec"] == want["object"]["spec"] and nri_errors(stored) == []
-    assert fake.nodes["node-1"]["metadata"]["labels"][NRI_GROUP_LABEL] == want["group"]
-    writes = len(fake.writes())
-    assert run_ok(playbook, PLAY, args(kubeconfig, plan, runtime=runtime)).changed() == 0
-    assert len(fake.writes()) == writes
-    # Someone edits our object: the next run puts the plan back.
-    fake.resources[key]["spec"]["pinCPU"] = False
-    assert run_ok(playbook, PLAY, args(kubeconfig, plan, runtime=runtime)).result("Runtime")["published"] == "updated"
-    assert fake.resources[key]["spec"] == want["object"]["spec"]
-    run_ok(playbook, PLAY, {"args": {"node_name": "node-1", "state": "absent", "kubeconfig": str(kubeconfig)}})
-    assert key not in fake.resources and NRI_GROUP_LABEL not in fake.nodes["node-1"]["metadata"]["labels"]
+    kind = want["object"]["kind"]
+    path = f"/apis/config.nri/v1alpha1/namespaces/{ns}/{NRI_KINDS[kind][0]}/group.{want['group']}"
+    check = run_ok(playbook, cluster, PLAY, args(cluster, plan, ns, runtime=runtime), "--check")
+    assert check.changed() == 1 and cluster.writes() == []
+    run_ok(playbook, cluster, PLAY, args(cluster, plan, ns, runtime=runtime))
+    stored = cluster.real.get(path)
+    assert stored["spec"] != want["object"]["spec"]  # the server added its defaults
+    assert stored["spec"] == with_defaults(want["object"]["spec"], NRI_KINDS[kind][1])
+    assert stored["spec"]["agent"] == {"nodeResourceTopology": True} and nri_errors(stored) == []
+    assert labels(cluster)[NRI_GROUP_LABEL] == want["group"]
+    mark = cluster.real.audit_mark()
+    second = run_ok(playbook, cluster, PLAY, args(cluster, plan, ns, runtime=runtime))
+    assert second.changed() == 0 and second.result("Runtime")["published"] == "unchanged"
+    assert cluster.real.audit_writes(mark, PRODUCT_USER) == [], "a converged run wrote"
+    # Someone edits our object, or adds to it: the next run puts the plan back.
+    edit = {"spec": {"pinCPU": False, "reservedPoolNamespaces": ["mine"]}}
+    cluster.real.ok("PATCH", path, edit, content_type="application/merge-patch+json")
+    fixed = run_ok(playbook, cluster, PLAY, args(cluster, plan, ns, runtime=runtime))
+    assert fixed.result("Runtime")["published"] == "updated"
+    assert cluster.real.get(path)["spec"] == stored["spec"]
+    run_ok(playbook, cluster, PLAY, absent(cluster, ns))
+    assert cluster.real.get(path) is None and NRI_GROUP_LABEL not in labels(cluster)
 
 
-def test_a_foreign_nri_group_label_is_left_alone_by_cmk_and_absent(playbook, fake, kubeconfig, make_plan):
-    fake.touch_node("node-1", NRI_GROUP_LABEL)  # someone else's group
-    theirs = fake.nodes["node-1"]["metadata"]["labels"][NRI_GROUP_LABEL]
-    res = run_ok(playbook, PLAY, {"args": {"node_name": "node-1", "state": "absent", "kubeconfig": str(kubeconfig)}})
-    assert res.changed() == 0 and fake.writes() == []
-    assert fake.nodes["node-1"]["metadata"]["labels"][NRI_GROUP_LABEL] == theirs
+def test_a_foreign_nri_group_label_is_left_alone_by_cmk_and_absent(playbook, cluster, ns):
+    patch = {"metadata": {"labels": {NRI_GROUP_LABEL: "theirs"}}}
+    cluster.real.ok("PATCH", f"/api/v1/nodes/{cluster.node}", patch, content_type="application/merge-patch+json")
+    res = run_ok(playbook, cluster, PLAY, absent(cluster, ns))
+    assert res.changed() == 0 and cluster.writes() == []
+    assert labels(cluster)[NRI_GROUP_LABEL] == "theirs"
 
 
 ROLE_PLAY = """
@@ -364,35 +404,48 @@ ROLE_PLAY = """
 """
 
 
-def test_role_publishes_for_a_runtime_given_with_e_then_changes_nothing(playbook, fake, kubeconfig, make_plan):
+def test_role_publishes_for_a_runtime_given_with_e_then_changes_nothing(playbook, cluster, ns, no_admission, make_plan):
     plan = make_plan()
-    extra = {"cpupools_plan": plan, "cpupools_k8s_kubeconfig": str(kubeconfig), "cpupools_k8s_node_name": "node-1"}
+    extra = {
+        "cpupools_plan": plan,
+        "cpupools_k8s_kubeconfig": str(cluster.kubeconfig()),
+        "cpupools_k8s_node_name": cluster.node,
+        "cpupools_runtime_namespace": ns,
+    }
     cli = ("-e", "cpupools_runtime=cpu-pooler", "-e", "cpupools_pooler_ht_policy=singleThreaded")
-    first = run_ok(playbook, ROLE_PLAY, extra, *cli)
+    first = run_ok(playbook, cluster, ROLE_PLAY, extra, *cli)
     # The runtime's file and label are published; the Node gets no cmk label, taint or resources.
     assert first.result("Publish the runtime configuration and label the node")["changed"], first.stdout
-    assert "cmk.intel.com/cmk-node" not in fake.nodes["node-1"]["metadata"]["labels"]
+    assert "cmk.intel.com/cmk-node" not in labels(cluster)
     want = render(plan, "cpu-pooler", "singleThreaded")
-    assert fake.resources[CM]["data"] == {want["key"]: want["file"]}
-    assert run_ok(playbook, ROLE_PLAY, extra, *cli).changed() == 0
+    assert configmap(cluster, ns)["data"] == {want["key"]: want["file"]}
+    assert run_ok(playbook, cluster, ROLE_PLAY, extra, *cli).changed() == 0
     # Back to cmk: the node gets the cmk label, taint and resources back (a
     # non-cmk runtime removes them), a cmk node now publishes the pod injection
     # policy, and the role removes what the cpu-pooler run left.
-    back = run_ok(playbook, ROLE_PLAY, extra)
-    assert back.changed() == 3 and CM not in fake.resources
+    back = run_ok(playbook, cluster, ROLE_PLAY, extra)
+    assert back.changed() == 3 and configmap(cluster, ns) is None
     assert back.result("Publish or remove the pod injection policy")["policy"] == "created"
-    assert fake.nodes["node-1"]["metadata"]["labels"].get("cmk.intel.com/cmk-node") == "true"
-    assert POOLER_LABEL not in fake.nodes["node-1"]["metadata"]["labels"]
+    assert labels(cluster).get("cmk.intel.com/cmk-node") == "true"
+    assert POOLER_LABEL not in labels(cluster)
 
 
-def test_a_failed_publish_leaves_the_node_unlabelled_and_a_rerun_finishes(playbook, fake, kubeconfig, make_plan):
-    """The label comes after the file: a runtime never sees a label whose file is missing."""
-    fake.fail("POST", r"/api/v1/namespaces/kube-system/configmaps$", 500, "etcd timeout")
-    failed = playbook(PLAY, args(kubeconfig, make_plan(), runtime="cpu-pooler"))
+def test_a_failed_publish_leaves_the_node_unlabelled_and_a_rerun_finishes(playbook, cluster, ns, make_plan):
+    """The label comes after the file: a runtime never sees a label whose file is missing.
+
+    The server refuses the ConfigMap for real, by an operator's ValidatingAdmissionPolicy.
+    """
+    policy = cluster.real.unique("no-configmaps")
+    cluster.real.deny(policy, "configmaps", ns, "configmaps are frozen in this namespace")
+    try:
+        failed = playbook(PLAY, args(cluster, make_plan(), ns, runtime="cpu-pooler"))
+    finally:
+        cluster.real.undeny(policy)
     assert failed.rc != 0 and "Traceback" not in failed.stdout + failed.stderr
     msg = failed.messages()
-    assert "failed with 500: etcd timeout" in msg and "/configmaps" in msg
-    assert POOLER_LABEL not in fake.nodes["node-1"]["metadata"]["labels"] and CM not in fake.resources
-    done = run_ok(playbook, PLAY, args(kubeconfig, make_plan(), runtime="cpu-pooler"))
-    assert done.changed() == 1 and CM in fake.resources
-    assert POOLER_LABEL in fake.nodes["node-1"]["metadata"]["labels"]
+    assert f"POST /api/v1/namespaces/{ns}/configmaps is forbidden (403): " in msg, msg
+    assert "configmaps are frozen in this namespace" in msg
+    assert POOLER_LABEL not in labels(cluster) and configmap(cluster, ns) is None
+    done = run_ok(playbook, cluster, PLAY, args(cluster, make_plan(), ns, runtime="cpu-pooler"))
+    assert done.changed() == 1 and configmap(cluster, ns) is not None
+    assert POOLER_LABEL in labels(cluster)

@@ -4,7 +4,10 @@ Each node is a fixture root with a fake kubelet (tests/fixtures/fake_kubelet.py,
 a real process started and stopped through cpupools_kubelet_simulate_command)
 that writes its cpu_manager_state from the merged drop-ins, and refuses to
 start over a state of another policy, as the real one does. Drains go to the
-Kubernetes fake (tests/k8s_fake.py); reboots to tests/fixtures/fake_boot.py.
+Kubernetes fake (tests/k8s_fake.py), not the real server of the other
+Kubernetes tests: a drain waits for evicted pods to be gone and for their
+budgets, and a test server has no kubelet to end a pod and no controller
+manager to compute a PodDisruptionBudget. Reboots go to tests/fixtures/fake_boot.py.
 """
 
 from __future__ import annotations

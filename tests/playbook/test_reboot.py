@@ -2,7 +2,10 @@
 
 A real reboot cannot happen in a sandbox; tests/fixtures/fake_boot.py stands in
 for it (cpupools_reboot_simulate_command) and "boots" the node's fixture root
-with the arguments cpupools wrote into its GRUB drop-in.
+with the arguments cpupools wrote into its GRUB drop-in. The drains go to the
+fake, not the real server of the other Kubernetes tests: a test server has no
+kubelet to end an evicted pod and no controller manager to compute a
+PodDisruptionBudget.
 """
 
 from __future__ import annotations

@@ -24,7 +24,9 @@ and, only when no node outside the run still runs CMK:
    while running pods carry its mutation (their controllers would recreate
    them without CMK's mounts and environment);
 5. the old report CRDs (``cmk-nodereports.intel.com``, ``cmk-reconcilereports.intel.com``);
-6. CMK's ClusterRoleBindings, then its ClusterRoles;
+6. CMK's ClusterRoleBindings (found by what they bind: a ``cmk-`` binding of
+   one of CMK's ClusterRoles, or of CMK's service account and nobody else),
+   then its ClusterRoles;
 7. the ``cmk-serviceaccount`` ServiceAccount, kept while a running pod uses it
    (the webhook put it into every CMK pod; a pod whose service account is
    gone cannot be recreated).
@@ -50,21 +52,18 @@ NODE_DAEMONSET_PREFIX = "cmk-reconcile-nodereport-ds-"
 CONFIG_PREFIX = "cmk-config-"
 DELETE_OPTIONS = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
 
-CLUSTER_ROLE_BINDINGS = (
-    "cmk-role-binding-crd",
-    "cmk-role-binding-daemonset",
-    "cmk-role-binding-node",
-    "cmk-role-binding-tpr",
-    "cmk-role-binding-version",
-    "cmk-role-binding-webhook-installer",
-)
+#: CMK's ClusterRoles: those of its v1.5.2 resources/authorization/cmk-rbac-rules.yaml (7) and of its Helm chart.
 CLUSTER_ROLES = (
     "cmk-custom-resource-definition-controller",
     "cmk-daemonset-controller",
+    "cmk-exec",
+    "cmk-node-lister",
     "cmk-third-party-resource-controller",
     "cmk-version-controller",
     "cmk-webhook-installer",
 )
+#: Every ClusterRoleBinding of CMK's manifests is named so (its v1.5.2 rules file has 8).
+BINDING_PREFIX = "cmk-"
 REPORT_CRDS = ("cmk-nodereports.intel.com", "cmk-reconcilereports.intel.com")
 CLUSTER_PODS = ("cmk-cluster-init-pod", "cmk-discover-pod", "cmk-init-pod", "cmk-install-pod")
 RBAC = "rbac.authorization.k8s.io/v1"
@@ -115,8 +114,8 @@ def node_pieces(node: str, namespaces: list[str]) -> list[Piece]:
     return out
 
 
-def cluster_pieces(namespaces: list[str]) -> list[Piece]:
-    """What CMK kept for the whole cluster (steps 3-7)."""
+def cluster_pieces(namespaces: list[str], bindings: list[str]) -> list[Piece]:
+    """What CMK kept for the whole cluster (steps 3-7); ``bindings``: CMK's ClusterRoleBindings (``cmk_bindings``)."""
     out = []
     for ns in namespaces:
         out += [
@@ -135,20 +134,54 @@ def cluster_pieces(namespaces: list[str]) -> list[Piece]:
             Piece(4, "ConfigMap", "v1", "configmaps", "cmk-webhook-configmap", ns),
         ]
     out += [Piece(5, "CustomResourceDefinition", CRDS, "customresourcedefinitions", n) for n in REPORT_CRDS]
-    out += [Piece(6, "ClusterRoleBinding", RBAC, "clusterrolebindings", n) for n in CLUSTER_ROLE_BINDINGS]
+    out += [Piece(6, "ClusterRoleBinding", RBAC, "clusterrolebindings", n) for n in bindings]
     out += [Piece(6, "ClusterRole", RBAC, "clusterroles", n) for n in CLUSTER_ROLES]
     out += [Piece(7, "ServiceAccount", "v1", "serviceaccounts", SERVICE_ACCOUNT, ns) for ns in namespaces]
     return out
 
 
+def cmk_bindings(api: Api, namespaces: list[str]) -> list[str]:
+    """The names of CMK's ClusterRoleBindings, found by what they bind, not by a list of names.
+
+    CMK's manifests name every binding ``cmk-...``; one is CMK's when it binds
+    one of CMK's ClusterRoles, or binds a role (``system:node``, for one) to
+    CMK's service account in one of ``namespaces`` and to nobody else.
+    """
+    path = f"/apis/{RBAC}/clusterrolebindings"
+    code, data = api.raw("GET", path)
+    if code == 404:
+        return []
+    if code != 200:
+        api.call("GET", path)  # raises the one clear message for that status
+    out = []
+    for item in data.get("items") or []:
+        name = str((item.get("metadata") or {}).get("name", ""))
+        role = item.get("roleRef") or {}
+        subjects = item.get("subjects") or []
+        ours = role.get("kind") == "ClusterRole" and role.get("name") in CLUSTER_ROLES
+        only_cmk = bool(subjects) and all(
+            s.get("kind") == "ServiceAccount" and s.get("name") == SERVICE_ACCOUNT and s.get("namespace") in namespaces
+            for s in subjects
+        )
+        if name.startswith(BINDING_PREFIX) and (ours or only_cmk):
+            out.append(name)
+    return sorted(out)
+
+
 def exists(api: Api, piece: Piece) -> bool:
-    """Whether the object is there (a missing namespace, API or CRD counts as not there)."""
-    code, _ = api.raw("GET", piece.path)
+    """Whether the object is there and not already going.
+
+    A missing namespace, API or CRD counts as not there; so does an object
+    being deleted (``deletionTimestamp``): a pod bound to a node stays so
+    until its kubelet has stopped it, up to its grace period, and deleting it
+    again would change nothing.
+    """
+    code, body = api.raw("GET", piece.path)
     if code == 404:
         return False
     if code != 200:
         api.call("GET", piece.path)  # raises the one clear message for that status
-    return True
+    return not ((body.get("metadata") or {}) if isinstance(body, dict) else {}).get("deletionTimestamp")
 
 
 def other_cmk_nodes(api: Api, nodes: list[str], namespaces: list[str]) -> list[str]:
@@ -278,7 +311,7 @@ def retire(
     others = other_cmk_nodes(api, nodes, namespaces)
     pieces = [p for node in nodes for p in node_pieces(node, namespaces)]
     if not others:
-        pieces += cluster_pieces(namespaces)
+        pieces += cluster_pieces(namespaces, cmk_bindings(api, namespaces))
     found = [p for p in pieces if exists(api, p)]
     pods = _workload_pods(_pods(api)) if any(p.step >= 4 for p in found) else []
     removed: list[str] = []

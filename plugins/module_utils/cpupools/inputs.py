@@ -533,7 +533,7 @@ SPEC: dict[str, Var] = {
     "pooler_ht_policy": _var("k8s", _choice(HT_POLICIES), "multiThreaded", choices=HT_POLICIES),
     "runtime_namespace": _var("k8s", _str(False, _NAMESPACE_RE, "a Kubernetes namespace name"), "kube-system"),
     # cpupools_cmk_retire
-    "cmk_retire_namespaces": _var("cmk_retire", _namespaces, ["default", "intel-cmk"], "list"),
+    "cmk_retire_namespaces": _var("cmk_retire", _namespaces, ["default", "intel-cmk", "cmk-namespace"], "list"),
     # cpupools_report
     "report_html": _var("report", _path(allow_empty=True), derived=True),
     "report_print": _var("report", to_bool, True, "bool"),

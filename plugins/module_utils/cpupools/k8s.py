@@ -505,6 +505,45 @@ def is_subset(want: object, have: object) -> bool:
     return want == have
 
 
+def with_defaults(value: object, schema: object) -> object:
+    """``value`` as a server stores it under a CRD's structural ``schema``: every ``default`` filled in.
+
+    The apiserver's defaulting: a property with a default that is missing
+    (or ``null`` where not nullable) gets a copy of the default, then every
+    property, map value and array item is defaulted in turn, defaults
+    included. Comparing what we want, defaulted so, with what the server
+    returns tells a real difference from the defaults the CRD adds on every
+    read.
+    """
+    if not isinstance(schema, Mapping):
+        return copy.deepcopy(value)
+    if isinstance(value, Mapping):
+        out = {k: copy.deepcopy(v) for k, v in value.items()}
+        props = schema.get("properties") if isinstance(schema.get("properties"), Mapping) else {}
+        for key, prop in props.items():
+            if not isinstance(prop, Mapping) or "default" not in prop:
+                continue
+            if key not in out or (out[key] is None and not prop.get("nullable")):
+                out[key] = copy.deepcopy(prop["default"])
+        extra = schema.get("additionalProperties")
+        for key in list(out):
+            sub = props.get(key, extra if isinstance(extra, Mapping) else None)
+            out[key] = with_defaults(out[key], sub)
+        return out
+    if isinstance(value, list):
+        return [with_defaults(item, schema.get("items")) for item in value]
+    return copy.deepcopy(value)
+
+
+def crd_version_schema(crd: Mapping, version: str) -> Mapping | None:
+    """The ``openAPIV3Schema`` of one version of a CRD, or ``None``."""
+    for entry in ((crd.get("spec") or {}).get("versions") or []) if isinstance(crd, Mapping) else []:
+        if isinstance(entry, Mapping) and entry.get("name") == version:
+            schema = (entry.get("schema") or {}).get("openAPIV3Schema")
+            return schema if isinstance(schema, Mapping) else None
+    return None
+
+
 def _crd_conditions(crd: Mapping) -> list[Mapping]:
     status = crd.get("status") if isinstance(crd, Mapping) else None
     conditions = status.get("conditions") if isinstance(status, Mapping) else None
@@ -525,13 +564,26 @@ def crd_conditions_text(crd: Mapping) -> str:
     return ", ".join(_condition_text(c) for c in _crd_conditions(crd))
 
 
+def crd_deleting(crd: Mapping) -> bool:
+    """The CRD is being deleted: it goes away by itself, and a new one can be created then.
+
+    The server marks it with ``metadata.deletionTimestamp``; ``Terminating=True``
+    shows only while its objects are deleted, after which it may still be
+    ``Established`` (and refuse new objects) until its last finalizer is gone.
+    """
+    meta = crd.get("metadata") if isinstance(crd, Mapping) else None
+    if isinstance(meta, Mapping) and meta.get("deletionTimestamp"):
+        return True
+    return any(c.get("type") == "Terminating" and c.get("status") == "True" for c in _crd_conditions(crd))
+
+
 def crd_blocked(crd: Mapping) -> str:
     """Why a CRD will not become usable by waiting (a sentence), or ``""``.
 
     ``NamesAccepted=False``: another CRD of the same group holds one of its
     names (plural, singular, short names, kind or list kind); the server will
-    not serve it until that CRD is gone. ``Terminating=True``: it is being
-    deleted.
+    not serve it until that CRD is gone. Every other state (no conditions yet,
+    ``Established=False``, being deleted) changes by itself.
     """
     spec = crd.get("spec") if isinstance(crd, Mapping) else None
     group = spec.get("group", "") if isinstance(spec, Mapping) else ""
@@ -541,8 +593,6 @@ def crd_blocked(crd: Mapping) -> str:
                 f"{_condition_text(c)}: another CustomResourceDefinition of group {group} holds these names; "
                 f"find it with `kubectl get crd | grep {group}` and remove or rename it"
             )
-        if c.get("type") == "Terminating" and c.get("status") == "True":
-            return f"{_condition_text(c)}: it is being deleted; run again once the deletion has finished"
     return ""
 
 

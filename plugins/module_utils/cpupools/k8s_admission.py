@@ -162,7 +162,7 @@ def toleration_expression() -> str:
     )
 
 
-def _num_cores(resources: tuple[str, ...]) -> str:
+def _num_cores(resources: tuple[str, ...], container_type: str = "Object.spec.containers") -> str:
     """The ``CMK_NUM_CORES`` entries of container ``c``: its request, else its limit, of the first resource found."""
     cases = []
     for name in resources:
@@ -171,7 +171,7 @@ def _num_cores(resources: tuple[str, ...]) -> str:
             cases.append(
                 (
                     f"(has(c.resources) && has(c.resources.{kind}) && {lit} in c.resources.{kind})",
-                    f"[Object.spec.containers.env{{name: 'CMK_NUM_CORES', value: string(c.resources.{kind}[{lit}])}}]",
+                    f"[{container_type}.env{{name: 'CMK_NUM_CORES', value: string(c.resources.{kind}[{lit}])}}]",
                 )
             )
     text = "[]"
@@ -180,33 +180,72 @@ def _num_cores(resources: tuple[str, ...]) -> str:
     return f"({text})"
 
 
-def apply_expression(resources: tuple[str, ...]) -> str:
-    """The apply configuration: missing volumes, and per container the missing env and mounts.
+#: The policy's variables naming, per host path of ``VOLUMES``, the volume that mounts it.
+VOLUME_VARIABLES = ("binVolume", "confVolume", "procVolume")
 
-    Volumes, containers, env and volumeMounts are map lists (keyed by name,
-    name, name and mountPath), which server-side apply merges entry by entry;
-    each list holds only entries that are missing, so nothing a pod sets is
-    overwritten and a reinvocation adds nothing.
+
+def volume_variables() -> list[dict]:
+    """The name of the pod's volume for each host path: its own hostPath volume of that path, else ours.
+
+    A pod written for CMK's webhook-less spec calls them ``cmk-install-dir``,
+    ``cmk-conf-dir`` and ``cmk-host-proc``: what a volume mounts decides,
+    not its name.
+    """
+    out = []
+    for variable, (name, host, _, _) in zip(VOLUME_VARIABLES, VOLUMES, strict=True):
+        paths = _cel_list([host, host + "/"])
+        same = f"has(v.hostPath) && v.hostPath.path in {paths}"
+        out.append(
+            {
+                "name": variable,
+                "expression": (
+                    f"has(object.spec.volumes) && object.spec.volumes.exists(v, {same}) ? "
+                    f"object.spec.volumes.filter(v, {same})[0].name : {_cel(name)}"
+                ),
+            }
+        )
+    return out
+
+
+def _containers_expression(field: str, resources: tuple[str, ...]) -> str:
+    """The apply configuration of ``spec.<field>`` (containers or initContainers): each one's missing env and mounts."""
+    kind = f"Object.spec.{field}"
+    mounts = ", ".join(
+        f"{kind}.volumeMounts{{name: variables.{variable}, mountPath: {_cel(m)}" + (", readOnly: true}" if ro else "}")
+        for variable, (_, _, m, ro) in zip(VOLUME_VARIABLES, VOLUMES, strict=True)
+    )
+    env = f"[{kind}.env{{name: 'CMK_PROC_FS', value: {_cel(PROC_FS)}}}] + {_num_cores(resources, kind)}"
+    each = (
+        f"{kind}{{name: c.name, "
+        f"env: ({env}).filter(e, !has(c.env) || !c.env.exists(x, x.name == e.name)), "
+        f"volumeMounts: [{mounts}].filter(m, !has(c.volumeMounts) || "
+        "!c.volumeMounts.exists(x, x.mountPath == m.mountPath || x.name == m.name))}"
+    )
+    return f"(has(object.spec.{field}) ? object.spec.{field}.map(c, {each}) : [])"
+
+
+def apply_expression(resources: tuple[str, ...]) -> str:
+    """The apply configuration: missing volumes, and in every container and init container the missing env and mounts.
+
+    Volumes, containers, init containers, env and volumeMounts are map lists
+    (keyed by name, name, name, name and mountPath), which server-side apply
+    merges entry by entry; each list holds only entries that are missing, so
+    nothing a pod sets is overwritten and a reinvocation adds nothing. A host
+    path the pod already mounts under another volume name is mounted under
+    that name (``volume_variables``); init containers get what containers get,
+    as CMK's webhook gave them.
     """
     volumes = ", ".join(
-        f"Object.spec.volumes{{name: {_cel(n)}, hostPath: Object.spec.volumes.hostPath{{path: {_cel(h)}}}}}"
-        for n, h, _, _ in VOLUMES
+        f"Object.spec.volumes{{name: variables.{variable}, hostPath: Object.spec.volumes.hostPath{{path: {_cel(h)}}}}}"
+        for variable, (_, h, _, _) in zip(VOLUME_VARIABLES, VOLUMES, strict=True)
     )
-    mounts = ", ".join(
-        f"Object.spec.containers.volumeMounts{{name: {_cel(n)}, mountPath: {_cel(m)}"
-        + (", readOnly: true}" if ro else "}")
-        for n, _, m, ro in VOLUMES
-    )
-    env = f"[Object.spec.containers.env{{name: 'CMK_PROC_FS', value: {_cel(PROC_FS)}}}] + {_num_cores(resources)}"
     return (
         "Object{spec: Object.spec{"
         f"volumes: [{volumes}].filter(v, !has(object.spec.volumes) || "
         "!object.spec.volumes.exists(x, x.name == v.name)), "
-        "containers: object.spec.containers.map(c, Object.spec.containers{name: c.name, "
-        f"env: ({env}).filter(e, !has(c.env) || !c.env.exists(x, x.name == e.name)), "
-        f"volumeMounts: [{mounts}].filter(m, !has(c.volumeMounts) || "
-        "!c.volumeMounts.exists(x, x.mountPath == m.mountPath || x.name == m.name))"
-        "})}}"
+        f"initContainers: {_containers_expression('initContainers', resources)}, "
+        f"containers: {_containers_expression('containers', resources)}"
+        "}}"
     )
 
 
@@ -235,6 +274,7 @@ def desired_policy(
             "matchConditions": [{"name": "cmk-workload", "expression": match_expression(resources, opt_in)}],
             "failurePolicy": failure_policy,
             "reinvocationPolicy": "IfNeeded",
+            "variables": volume_variables(),
             "mutations": [
                 {"patchType": "JSONPatch", "jsonPatch": {"expression": toleration_expression()}},
                 {"patchType": "ApplyConfiguration", "applyConfiguration": {"expression": apply_expression(resources)}},

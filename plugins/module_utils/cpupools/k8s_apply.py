@@ -33,6 +33,7 @@ from .k8s import (
     NodeWants,
     crd_blocked,
     crd_conditions_text,
+    crd_deleting,
     crd_established,
     drain_candidates,
     eviction_body,
@@ -212,32 +213,50 @@ def ensure_crd(
     """Install or update our CRD and see it usable. Returns ``created``, ``updated`` or ``unchanged``.
 
     Usable means ``Established``: only then does the server serve its group (a
-    layout written before gets a bare ``404 page not found``). That holds for a
-    CRD we created, one we updated, one we found, and one another host created
-    while we tried to (our POST got 409). An update is a merge patch of the
-    fields we own (our label, the spec), guarded by the resourceVersion, so
-    labels and annotations of other owners stay. Names that another CRD of the
-    group holds (``NamesAccepted=False``) are an error naming the condition.
+    layout written before gets a bare ``404 page not found``). That holds
+    whoever created the CRD: us, another host a moment ago (our POST got 409),
+    or an earlier run. A CRD that is being deleted (an uninstall, a person)
+    is waited for until it is gone, then created again: a CRD with a
+    ``deletionTimestamp`` may still say ``Established`` but takes no new
+    objects and vanishes with whatever was written meanwhile. All waiting
+    shares one deadline, ``wait`` seconds from the call. An update is a merge
+    patch of the fields we own (our label, the spec), guarded by the
+    resourceVersion, so labels and annotations of other owners stay. The one
+    state that does not change by waiting fails at once: names another CRD of
+    the group holds (``NamesAccepted=False``), an error naming the condition.
     """
     want = layout_crd()
     path = f"{CRD_PATH}/{LAYOUT_CRD_NAME}"
-    for _ in range(api.attempts):
+    deadline = clock() + wait
+    conflicts = 0
+    while True:
         code, current = api.raw("GET", path)
+        if code == 200 and crd_deleting(current):
+            if check_mode:
+                return "created"  # it will be gone; the real run creates it again
+            _check_deadline(api, current, deadline, wait, "was still being deleted after", clock)
+            sleep(0.5)
+            continue
         if code == 404:
             if check_mode:
                 return "created"
             code, body = api.raw("POST", CRD_PATH, want, query=FIELD_MANAGER)
-            if code == 409:
-                continue  # created concurrently: compare it
+            if code == 409:  # created concurrently, or the old one is still being deleted: read again
+                conflicts += 1
+                if conflicts >= api.attempts * 4:
+                    raise api.conflict_error(f"the CustomResourceDefinition {LAYOUT_CRD_NAME}")
+                continue
             if code not in (200, 201):
                 raise failure(code, body, "POST", CRD_PATH, api.node, api.server)
-            _wait_established(api, path, body, wait, sleep, clock)
-            return "created"
+            if _wait_established(api, path, body, deadline, wait, sleep, clock):
+                return "created"
+            continue
         if code != 200:
             raise failure(code, current, "GET", path, api.node, api.server)
         if is_subset(want["spec"], current.get("spec")) and is_subset(want["metadata"], current.get("metadata")):
-            _wait_established(api, path, current, wait, sleep, clock)
-            return "unchanged"
+            if _wait_established(api, path, current, deadline, wait, sleep, clock):
+                return "unchanged"
+            continue
         if check_mode:
             return "updated"
         patch = {
@@ -249,45 +268,98 @@ def ensure_crd(
         }
         code, answer = api.raw("PATCH", path, patch, MERGE_PATCH, query=FIELD_MANAGER)
         if code == 200:
-            _wait_established(api, path, answer, wait, sleep, clock)
-            return "updated"
+            if _wait_established(api, path, answer, deadline, wait, sleep, clock):
+                return "updated"
+            continue
         if code != 409:
             raise failure(code, answer, "PATCH", path, api.node, api.server)
-    raise api.conflict_error(f"the CustomResourceDefinition {LAYOUT_CRD_NAME}")
+        conflicts += 1
+        if conflicts >= api.attempts:
+            raise api.conflict_error(f"the CustomResourceDefinition {LAYOUT_CRD_NAME}")
+
+
+def _unusable(api: Api, blocked: str) -> ApiStatus:
+    return ApiStatus(
+        f"API server {api.server}: the CustomResourceDefinition {LAYOUT_CRD_NAME} cannot be used: {blocked}", 409
+    )
+
+
+def _check_deadline(
+    api: Api, crd: Mapping, deadline: float, wait: float, what: str, clock: Callable[[], float]
+) -> None:
+    if clock() > deadline:
+        raise ApiStatus(
+            f"API server {api.server}: the CustomResourceDefinition {LAYOUT_CRD_NAME} {what} {wait:.0f}s "
+            f"(conditions: {crd_conditions_text(crd) or 'none reported'})",
+            504,
+        )
 
 
 def _wait_established(
-    api: Api, path: str, crd: Mapping, wait: float, sleep: Callable[[float], None], clock: Callable[[], float]
-) -> None:
-    """Return once the CRD is Established; fail at once on a condition that will not clear by waiting."""
-    deadline = clock() + wait
+    api: Api,
+    path: str,
+    crd: Mapping,
+    deadline: float,
+    wait: float,
+    sleep: Callable[[float], None],
+    clock: Callable[[], float],
+) -> bool:
+    """``True`` once the CRD is Established; ``False`` if it is being deleted (start over).
+
+    Fails at once on names another CRD holds, and at the deadline naming the conditions.
+    """
     while True:
         blocked = crd_blocked(crd)
         if blocked:
-            raise ApiStatus(
-                f"API server {api.server}: the CustomResourceDefinition {LAYOUT_CRD_NAME} cannot be used: {blocked}",
-                409,
-            )
+            raise _unusable(api, blocked)
+        if crd_deleting(crd):
+            return False
         if crd_established(crd):
-            return
-        if clock() > deadline:
-            raise ApiStatus(
-                f"API server {api.server}: the CustomResourceDefinition {LAYOUT_CRD_NAME} was not Established "
-                f"within {wait:.0f}s (conditions: {crd_conditions_text(crd) or 'none reported'})",
-                504,
-            )
+            return True
+        _check_deadline(api, crd, deadline, wait, "was not Established within", clock)
         sleep(0.5)
-        crd = api.call("GET", path)
+        code, crd = api.raw("GET", path)
+        if code == 404:
+            return False  # deleted meanwhile: start over
+        if code != 200:
+            raise failure(code, crd, "GET", path, api.node, api.server)
 
 
-def ensure_layout(api: Api, obj: dict, check_mode: bool, crd_exists: bool = True) -> str:
-    """Publish the node's layout object. Returns ``created``, ``updated`` or ``unchanged``."""
+def _not_served_yet(code: int, body: object) -> bool:
+    """The answer of a CRD's resource in the moment after it became Established.
+
+    The server builds the resource's storage then: a 429 ``storage is
+    (re)initializing``, or the bare ``404 page not found`` of a path no group
+    serves (no Status naming an object).
+    """
+    details = body.get("details") if isinstance(body, Mapping) else None
+    return code == 429 or (code == 404 and not (isinstance(details, Mapping) and details.get("name")))
+
+
+def ensure_layout(
+    api: Api,
+    obj: dict,
+    check_mode: bool,
+    crd_exists: bool = True,
+    wait: float = 10.0,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> str:
+    """Publish the node's layout object. Returns ``created``, ``updated`` or ``unchanged``.
+
+    Right after its CRD is Established the server may not serve the resource
+    yet (``_not_served_yet``): the read is repeated for up to ``wait`` seconds.
+    """
     if not crd_exists:  # check mode before the CRD exists: nothing to read
         return "created"
     name = obj["metadata"]["name"]
     path = f"{LAYOUT_PATH}/{quote(name, safe='')}"
+    deadline = clock() + wait
     for _ in range(api.attempts):
         code, current = api.raw("GET", path)
+        while _not_served_yet(code, current) and clock() < deadline:
+            sleep(0.2)
+            code, current = api.raw("GET", path)
         if code == 404:
             if check_mode:
                 return "created"

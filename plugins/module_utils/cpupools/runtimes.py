@@ -420,6 +420,31 @@ def _ensure_pooler_file(api: Any, namespace: str, key: str, text: str | None, ch
     raise api.conflict_error(f"the ConfigMap {namespace}/{POOLER_CONFIGMAP}")
 
 
+def _nri_defaults(api: Any, runtime: str) -> Mapping | None:
+    """The schema of the policy object as the server's CRD declares it (its defaults), or ``None`` when unreadable."""
+    from .k8s import crd_version_schema
+
+    plural = NRI_KINDS[runtime][1]
+    code, crd = api.raw("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{plural}.{NRI_GROUP}")
+    return crd_version_schema(crd, NRI_VERSION) if code == 200 else None
+
+
+def _nri_same(api: Any, runtime: str, current: Mapping, obj: Mapping) -> bool:
+    """Our spec and label are there. The spec is compared with ours as the server stores it: the
+    CRD's defaults (``agent``, ``pinCPU``, a balloon type's ``allocatorPriority`` ...) come back on
+    every read and are not a difference; anything else, ours changed or a field someone added, is."""
+    from .k8s import MANAGED_BY, with_defaults
+
+    labels = (current.get("metadata") or {}).get("labels") or {}
+    if not all(labels.get(k) == v for k, v in MANAGED_BY.items()):
+        return False
+    if current.get("spec") == obj["spec"]:
+        return True
+    schema = _nri_defaults(api, runtime)
+    spec_schema = ((schema or {}).get("properties") or {}).get("spec")
+    return spec_schema is not None and current.get("spec") == with_defaults(obj["spec"], spec_schema)
+
+
 def _ensure_nri_object(api: Any, runtime: str, namespace: str, name: str, obj: dict | None, check_mode: bool) -> str:
     """Create, replace or delete (``obj`` None) one nri-plugins policy object."""
     from .k8s import MANAGED_BY
@@ -452,11 +477,11 @@ def _ensure_nri_object(api: Any, runtime: str, namespace: str, name: str, obj: d
             if code in (200, 202, 404):
                 return "deleted"
             raise failure(code, answer, "DELETE", path, api.node, api.server)
-        labels = (current.get("metadata") or {}).get("labels") or {}
-        if current.get("spec") == obj["spec"] and all(labels.get(k) == v for k, v in MANAGED_BY.items()):
+        if _nri_same(api, runtime, current, obj):
             return "unchanged"
         if check_mode:
             return "updated"
+        labels = (current.get("metadata") or {}).get("labels") or {}
         meta = dict(current["metadata"], labels=dict(labels, **MANAGED_BY))
         code, answer = api.raw("PUT", path, dict(obj, metadata=meta), query=FIELD_MANAGER)
         if code == 200:
