@@ -206,23 +206,24 @@ def test_without_a_kubeconfig_it_says_so_and_does_nothing(playbook):
     assert "no kubeconfig is configured" in res.result("Say why CMK's cluster pieces are not retired")["msg"]
 
 
-def test_the_first_host_without_a_kubeconfig_does_not_stop_the_others(playbook, fake, kubeconfig, tmp_path):
+def test_the_first_host_without_a_kubeconfig_does_not_stop_the_others(playbook, cluster, cmk, tmp_path):
     """Issue 25: the module runs once per cluster, from a host connected to it, whichever host comes first.
 
-    node-1 (first) has no kubeconfig; node-2 has one. Before, the first host's
-    missing kubeconfig skipped the module for the whole play.
+    The first host has no kubeconfig; the second has one. Before, the first
+    host's missing kubeconfig skipped the module for the whole play.
     """
-    seed_cmk(fake, nodes=("node-2",))
+    unconnected, node = cluster.real.unique("bare"), cluster.node
+    seed_cmk(cluster.real, [node])
     inventory = tmp_path / "hosts.ini"
     inventory.write_text(
-        f"node-1 ansible_connection=local\nnode-2 ansible_connection=local cpupools_k8s_kubeconfig={kubeconfig}\n"
+        f"{unconnected} ansible_connection=local\n"
+        f"{node} ansible_connection=local cpupools_k8s_kubeconfig={cluster.kubeconfig()}\n"
     )
     res = playbook(TWO_NODES_PLAY, {}, inventory=str(inventory))
     assert res.rc == 0, res.stdout[-3000:]
-    out = retire_result(res, "node-2")
-    assert out["removed"][0] == "Pod default/cmk-init-install-discover-pod-node-2"
-    assert "CustomResourceDefinition cmk-nodereports.intel.com" in out["removed"]
+    out = retire_result(res, node)
+    assert out["removed"] == node_pieces(node) + cluster_pieces()
     assert out["other_cmk_nodes"] == []
-    assert retire_result(res, "node-1").get("skipped")
-    said = res.result("Say why CMK's cluster pieces are not retired", "node-1")["msg"]
-    assert said.startswith("CMK's cluster pieces not retired for node-1: no kubeconfig is configured"), said
+    assert retire_result(res, unconnected).get("skipped")
+    said = res.result("Say why CMK's cluster pieces are not retired", unconnected)["msg"]
+    assert said.startswith(f"CMK's cluster pieces not retired for {unconnected}: no kubeconfig is configured"), said

@@ -12,7 +12,6 @@ import pytest
 import yaml
 from cmk_seed import cleanup, seed_cmk, workload
 from helpers import REPO, tree_snapshot
-from k8s_support import TOKEN
 from sysfs import Spec
 from test_cmk_retire import NS, cluster_pieces, node_pieces
 
@@ -158,17 +157,20 @@ def test_migrate_without_a_kubeconfig_does_the_node_side_and_says_so(playbook, c
 
 
 # CMK v1.5 ---------------------------------------------------------------------------------------------------
-# Written against the wire-level fake (tests/k8s_fake.py); nothing here depends on it beyond ``fake.url``,
-# ``add_resource`` and ``resources``, so it moves to the real kube-apiserver fixture as it is.
+# Against the real server: the stand-in (tests/fixtures/cmk15_standin.py) takes its lists through the
+# ConfigMap's Owner lock in CMK's own namespace, as CMK v1.5.2's isolate does.
 
 #: What CMK v1.5's init stored for NODE (isolcpus=1-2, one exclusive and one shared core), as yaml.dump writes it.
 V15_LAYOUT = {"exclusive": {0: {"1": []}}, "shared": {0: {"2": []}}, "infra": {0: {"0,3": []}}}
-V15_CONFIGMAP = ("v1", "configmaps", "default", "cmk-config-node-1")
 
 
-def v15_tasks(fake) -> dict:
+def v15_configmap(cluster) -> str:
+    return f"/api/v1/namespaces/{NS}/configmaps/cmk-config-{cluster.node}"
+
+
+def v15_tasks(cluster) -> dict:
     """``pool/cpulist -> PIDs`` of the v1.5 ConfigMap, as its last unlock wrote them."""
-    config = yaml.safe_load(fake.resources[V15_CONFIGMAP]["data"]["config"])
+    config = yaml.safe_load(cluster.real.get(v15_configmap(cluster))["data"]["config"])
     return {
         f"{pool}/{cpus}": pids
         for pool, sockets in config.items()
@@ -178,7 +180,7 @@ def v15_tasks(fake) -> dict:
 
 
 @pytest.fixture
-def cmk15_node(tmp_path, make_root, fake):
+def cmk15_node(tmp_path, make_root, cluster):
     """``(inventory, root, holders, stop)``: a CMK v1.5 node whose workloads hold the exclusive and the infra list.
 
     Its state is only in the ConfigMap (no /etc/cmk); /opt/bin/cmk is CMK's binary (here: the stand-in); the
@@ -188,17 +190,22 @@ def cmk15_node(tmp_path, make_root, fake):
     root = tmp_path / "root"
     (root / "opt" / "bin").mkdir(parents=True)
     shutil.copy(STANDIN15, root / "opt" / "bin" / "cmk")
-    seed_cmk(fake)
-    fake.add_resource(
-        "v1",
-        "configmaps",
-        "cmk-config-node-1",
-        "default",
-        metadata={"annotations": {"Owner": ""}},
-        data={"config": yaml.dump(V15_LAYOUT)},
-    )
+    real = cluster.real
+    seed_cmk(real, [cluster.node])
+    # CMK's init left the node's ConfigMap (seed_cmk made it): its layout, unlocked.
+    obj = real.get(v15_configmap(cluster))
+    obj["metadata"]["annotations"] = {**(obj["metadata"].get("annotations") or {}), "Owner": ""}
+    obj["data"] = {"config": yaml.dump(V15_LAYOUT)}
+    real.ok("PUT", v15_configmap(cluster), obj)
     stop = tmp_path / "stop"
-    env = {**ENV, "CMK15_SERVER": fake.url, "CMK15_TOKEN": TOKEN, "NODE_NAME": "node-1"}
+    env = {
+        **ENV,
+        "CMK15_SERVER": cluster.url,
+        "CMK15_TOKEN": real.product_token,
+        "CMK15_CA": str(real.pki.ca),
+        "CMK15_NAMESPACE": NS,
+        "NODE_NAME": cluster.node,
+    }
     holders = [
         subprocess.Popen(
             [
@@ -217,8 +224,8 @@ def cmk15_node(tmp_path, make_root, fake):
     ]
     deadline = time.monotonic() + 60
     while (
-        sorted(pid for pids in v15_tasks(fake).values() for pid in pids) != sorted(str(p.pid) for p in holders)
-        or fake.resources[V15_CONFIGMAP]["metadata"]["annotations"]["Owner"] != ""
+        sorted(pid for pids in v15_tasks(cluster).values() for pid in pids) != sorted(str(p.pid) for p in holders)
+        or real.get(v15_configmap(cluster))["metadata"]["annotations"]["Owner"] != ""
     ):
         assert time.monotonic() < deadline and all(p.poll() is None for p in holders)
         time.sleep(0.05)
@@ -229,41 +236,46 @@ def cmk15_node(tmp_path, make_root, fake):
         "          ansible_python_interpreter: '{{ ansible_playbook_python }}'\n"
         f"          cpupools_root: {root}\n          cpupools_facts_root: {facts}\n"
         "          cpupools_num_exclusive_cores: 1\n          cpupools_num_shared_cores: 1\n"
-        "          cpupools_kernel_args_backend: grub\n          cpupools_k8s_node_name: node-1\n"
+        "          cpupools_kernel_args_backend: grub\n"
+        f"          cpupools_k8s_node_name: {cluster.node}\n"
     )
-    yield str(inventory), root, holders, stop
-    stop.touch()
-    for proc in holders:
-        proc.kill()
-        proc.wait()
+    try:
+        yield str(inventory), root, holders, stop
+    finally:
+        stop.touch()
+        for proc in holders:
+            proc.kill()
+            proc.wait()
+        cleanup(real, [NS, "default"])
+        for plural in ("mutatingadmissionpolicybindings", "mutatingadmissionpolicies"):
+            real.request("DELETE", f"/apis/admissionregistration.k8s.io/v1/{plural}/cpupools-cmk-inject")
 
 
-def test_migrate_a_cmk15_node_carries_its_configmap_tasks_and_keeps_it_while_they_run(
-    playbook, fake, kubeconfig, cmk15_node
-):
+def test_migrate_a_cmk15_node_carries_its_configmap_tasks_and_keeps_it_while_they_run(playbook, cluster, cmk15_node):
     inventory, root, holders, stop = cmk15_node
+    node, configmap = cluster.node, f"ConfigMap {NS}/cmk-config-{cluster.node}"
     exclusive, infra = holders
     conf = root / "etc" / "cmk"
     # Without a kubeconfig the lists cannot be read: refused in the plan play, nothing written anywhere.
-    before, writes = tree_snapshot(root), len(fake.writes())  # the holders' own lock and unlock
+    before, writes = tree_snapshot(root), len(cluster.writes())  # the holders' own lock and unlock
     res = playbook(MIGRATE, {}, inventory=inventory)
     assert res.rc != 0
     failed = [t["hosts"]["localhost"] for t in res.tasks() if t["hosts"].get("localhost", {}).get("failed")]
     assert len(failed) == 1 and failed[0]["msg"] == (
         "host localhost: cpupools_k8s_kubeconfig: CMK v1.5 runs on this node (/opt/bin/cmk is CMK's cmk, not "
-        "cpupools', and /etc/cmk holds no pool state) and keeps its task lists only in ConfigMap cmk-config-node-1, "
+        f"cpupools', and /etc/cmk holds no pool state) and keeps its task lists only in ConfigMap cmk-config-{node}, "
         "which cannot be read without a kubeconfig: set cpupools_k8s_kubeconfig (a path on the controller) or "
         "cpupools_k8s_in_cluster: true; adopting without them would hand out the CPUs of its running workloads again"
     )
-    assert tree_snapshot(root) == before and len(fake.writes()) == writes
+    assert tree_snapshot(root) == before and len(cluster.writes()) == writes
     # With it: check mode reads the ConfigMap and changes nothing, on the node or in the cluster.
-    kube = {"cpupools_k8s_kubeconfig": str(kubeconfig)}
+    kube = {"cpupools_k8s_kubeconfig": str(cluster.kubeconfig())}
     res = playbook(MIGRATE, kube, "--check", inventory=inventory)
     assert res.rc == 0, res.stdout[-4000:]
     assert res.result("Carry CMK v1.5's live tasks into the pool state")["cmk_v15"]["carried"] == sorted(
         p.pid for p in holders
     )
-    assert tree_snapshot(root) == before and len(fake.writes()) == writes
+    assert tree_snapshot(root) == before and len(cluster.writes()) == writes
     # For real: the v1.5 workloads keep their lists in the pool state; the ConfigMap stays while they run.
     res = playbook(MIGRATE, kube, inventory=inventory)
     assert res.rc == 0, res.stdout[-4000:]
@@ -271,11 +283,11 @@ def test_migrate_a_cmk15_node_carries_its_configmap_tasks_and_keeps_it_while_the
     assert (conf / "pools/infra/0/0,3/tasks").read_text() == str(infra.pid)
     retired = res.result("Remove CMK's cluster pieces of the adopted nodes")
     kept = {k["object"]: k["reason"] for k in retired["kept"]}
-    assert kept["ConfigMap default/cmk-config-node-1"] == (
+    assert kept[configmap] == (
         f"it names running CMK v1.5 task(s) PID {min(exclusive.pid, infra.pid)}, {max(exclusive.pid, infra.pid)}, "
         "carried into the node's pool state; it goes once they have ended"
     )
-    assert "DaemonSet default/cmk-reconcile-nodereport-ds-node-1" in retired["removed"]
+    assert f"DaemonSet {NS}/cmk-reconcile-nodereport-ds-{node}" in retired["removed"]
     cmk = str(root / "opt/bin/cmk")
     res = subprocess.run(
         [cmk, "isolate", f"--conf-dir={conf}", "--pool=exclusive", "--no-affinity", "true"],
@@ -288,14 +300,11 @@ def test_migrate_a_cmk15_node_carries_its_configmap_tasks_and_keeps_it_while_the
     # CMK v1.5.2's isolates end without giving their lists back (its clean-up is broken): the PIDs stay named.
     stop.touch()
     assert [p.wait(timeout=60) for p in holders] == [1, 1]
-    assert v15_tasks(fake)["exclusive/1"] == [str(exclusive.pid)]
+    assert v15_tasks(cluster)["exclusive/1"] == [str(exclusive.pid)]
     res = playbook(MIGRATE, kube, inventory=inventory)
     assert res.rc == 0, res.stdout[-4000:]
-    assert (
-        "ConfigMap default/cmk-config-node-1"
-        in res.result("Remove CMK's cluster pieces of the adopted nodes")["removed"]
-    )
-    assert V15_CONFIGMAP not in fake.resources
+    assert configmap in res.result("Remove CMK's cluster pieces of the adopted nodes")["removed"]
+    assert cluster.real.get(v15_configmap(cluster)) is None
     res = subprocess.run([cmk, "reconcile", f"--conf-dir={conf}"], env=ENV, capture_output=True, text=True, check=False)
     assert sorted(r["pid"] for r in json.loads(res.stdout)["reclaimedCpuLists"]) == sorted(p.pid for p in holders)
     res = subprocess.run(
