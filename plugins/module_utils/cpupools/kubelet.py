@@ -266,7 +266,7 @@ def check_options(
     gates: dict[str, bool] = {}
     shown = f"1.{version[1]}" + ("" if known else " (assumed: set cpupools_kubelet_version)")
     for name in options:
-        alpha, beta, _ = POLICY_OPTIONS[name]
+        alpha, beta = POLICY_OPTIONS[name][:2]
         if version[1] < alpha:
             raise KubeletError(
                 f"{name} needs kubelet 1.{alpha} or later, and this node's kubelet is {shown}",

@@ -292,7 +292,7 @@ class Topology:
         off = control in ("off", "forceoff") or control == "1"
         if not off or not self.offline:
             return False
-        return not any(key == "nosmt" for key, _ in split_cmdline(self.kernel.cmdline))
+        return not any(arg[0] == "nosmt" for arg in split_cmdline(self.kernel.cmdline))
 
     def nodes_on(self, socket: int) -> list[int]:
         """NUMA nodes of ``socket``'s cores, ordered by their lowest CPU id."""
