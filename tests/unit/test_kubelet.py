@@ -11,17 +11,8 @@ from cpupools.errors import PlanError
 from cpupools.inputs import validate_inputs
 from cpupools.plan import make_request, plan_pools
 from cpupools.topology import gather_topology
-from sysfs import CORPUS, write_tree
 
 SETTINGS = {"isolcpus_flags": "auto", "kubelet_policy_options": "auto"}
-
-
-@pytest.fixture(scope="module")
-def corpus_root(tmp_path_factory):
-    """Only the shapes these tests use (the whole corpus takes a minute to write)."""
-    base = tmp_path_factory.mktemp("kubelet-corpus")
-    names = ("1s8c-smt2", "2s8c-2numa", "2s8c-nosmt", "2s96c-smt2-nps4", "1s6p8e-hybrid", "2s48c-smt2-snc4")
-    return {name: write_tree(str(base / name), CORPUS[name]) for name in names}
 
 
 def derive(corpus_root, name, settings=None, **request):

@@ -15,7 +15,6 @@ from cpupools.kubelet import derive_config, node_shape
 from cpupools.plan import make_request, plan_pools
 from cpupools.runtimes import check_runtime, core_numbers, render
 from cpupools.topology import gather_topology
-from sysfs import CORPUS, write_tree
 
 RUNTIMES = ("cmk", "cpu-pooler", "nri-topology-aware", "nri-balloons", "kubelet")
 SHAPES = (
@@ -30,9 +29,9 @@ SHAPES = (
 
 
 @pytest.fixture(scope="module")
-def topo(tmp_path_factory):
-    base = tmp_path_factory.mktemp("modern")
-    trees = {name: gather_topology(write_tree(str(base / name), CORPUS[name])) for name in SHAPES}
+def topo(corpus_root):
+    """The shapes' topologies, read from the session's corpus (written once per test process)."""
+    trees = {name: gather_topology(corpus_root[name]) for name in SHAPES}
     return trees.__getitem__
 
 
