@@ -54,7 +54,8 @@ def _inventory(tmp_path):
 def test_site_runs_on_the_hosts_a_constructed_inventory_puts_in_cpupools_nodes(tmp_path):
     static, constructed = _inventory(tmp_path)
     report = tmp_path / "report.html"
-    res = run_playbook(REPO / "site.yml", tmp_path, {"cpupools_report_html": str(report)}, constructed, inventory=static)
+    extra = {"cpupools_report_html": str(report)}
+    res = run_playbook(REPO / "site.yml", tmp_path, extra, constructed, inventory=static)
     assert res.rc == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert set(res.stats) == {"pinned-1"}, res.stats
     assert res.changed("pinned-1") > 0
