@@ -150,6 +150,16 @@ CASES = [
     Case("null-from-json", "cpupools_agent_path", "is empty (null)", json={"cpupools_agent_path": None}),
     Case("empty-root", "cpupools_root", "'' is empty", json={"cpupools_root": ""}),
     Case("empty-title", "cpupools_report_title", "'' is empty", json={"cpupools_report_title": ""}),
+    # the controller's work directory (cpupools_work_dir), created by the plan play before any stage writes
+    Case(
+        "work-dir-relative", "cpupools_work_dir", "'cache' is not an absolute path", yaml="cpupools_work_dir: cache\n"
+    ),
+    Case(
+        "work-dir-file-in-the-way",
+        "cpupools_work_dir",
+        "'/proc/version/cpupools' is not a directory (/proc/version is in its way) on the controller",
+        yaml="cpupools_work_dir: /proc/version/cpupools\n",
+    ),
     # modes and choices
     Case(
         "vertical",

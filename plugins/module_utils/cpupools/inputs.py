@@ -374,6 +374,12 @@ def _path(allow_empty: bool = False) -> Callable[[object, str], str]:
     return lambda raw, field: to_path(raw, field, allow_empty)
 
 
+def _work_dir(raw: object, field: str) -> str:
+    """``auto`` or an absolute path (a directory on the controller; plugin_utils/work_dir.py resolves it)."""
+    text = to_str(raw, field)
+    return text if text == "auto" else to_path(text, field)
+
+
 def _shebang(raw: object, field: str) -> str:
     text = to_str(raw, field)
     if not text.startswith("/"):
@@ -408,6 +414,7 @@ SPEC: dict[str, Var] = {
     # cpupools_plan
     "root": _var("plan agent kernel kubelet", _path(), "/", "path"),
     "facts_root": _var("plan kernel", _path(), "/", "path", derived=True),
+    "work_dir": _var("plan agent report", _work_dir, "auto"),
     "num_exclusive_cores": _var("plan", to_count, 4, "int"),
     "num_shared_cores": _var("plan", to_count, 1, "int"),
     "exclusive_mode": _var("plan", _choice(MODES), "packed", choices=MODES),
@@ -525,6 +532,7 @@ INTERNAL = frozenset(
         "plan",
         "plan_result",
         "plan_agent_build",
+        "plan_kubelet_lines",
         "plan_exports",
         "kernel_exports",
         "reboot_required",
