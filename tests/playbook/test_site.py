@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from html import escape as html_escape
 
 import pytest
 from helpers import REPO, tree_snapshot
@@ -40,10 +41,31 @@ def test_check_mode_first_changes_nothing(playbook, tmp_path):
     assert any(line.startswith("  exclusive  0") for line in lines), lines
 
 
+def warnings_given(res) -> list[str]:
+    """Every warning of the run, in order (the text after a ``host <name>: `` prefix)."""
+    out = []
+    for task in res.tasks():
+        for result in task["hosts"].values():
+            out += [
+                str(w).split(": ", 1)[1] if str(w).startswith("host ") else str(w) for w in result.get("warnings") or []
+            ]
+    return out
+
+
 def test_run_then_rerun_changes_nothing(playbook, tmp_path):
     first = site(playbook, tmp_path)
     assert first.rc == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert first.changed() > 0
+    # The bundled topology has no kernel config and no release: each warning once, and in both reports.
+    warnings = warnings_given(first)
+    assert any("kernel config was not found" in w for w in warnings), warnings
+    assert len(warnings) == len(set(warnings)), warnings
+    text = "\n".join(first.result("Print the fleet report")["msg"])
+    html = (tmp_path / "report.html").read_text()
+    for warning in warnings:
+        assert warning in text, text
+        assert html_escape(warning) in html
+    assert "warnings        none" not in text
     snapshot = outputs(tmp_path)
     second = site(playbook, tmp_path)
     assert second.rc == 0, second.stdout[-3000:]

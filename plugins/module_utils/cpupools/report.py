@@ -10,7 +10,8 @@ Input: one dict per host (``analyse_host`` documents every key)::
      "plan": cpupools_plan,                        # plan_pools() output, or None
      "kernel": {"reboot_required": bool,           # cpupools_kernel_status, or None
                 "pending": ["isolcpus", ...],
-                "desired_cmdline_args": {"isolcpus": "...", ...}},
+                "desired_cmdline_args": {"isolcpus": "...", ...},
+                "warnings": ["...", ...]},              # shown with the plan's warnings
      "state": {"present": bool,                    # cpupools_agent_status, or None
                "pools": {pool: {socket: [cpulist, ...]}},
                "tasks": {pool: {cpulist: [pid, ...]}}},
@@ -415,7 +416,11 @@ def analyse_host(entry: Mapping) -> HostView:
         to_release = set(active_iso) - set(planned_iso)
         view.to_isolate = format_cpulist(to_isolate)
         view.to_release = format_cpulist(to_release)
-    _kernel(view, _mapping(entry.get("kernel"), "kernel_status"), bool(to_isolate or to_release))
+    kernel = _mapping(entry.get("kernel"), "kernel_status")
+    _kernel(view, kernel, bool(to_isolate or to_release))
+    for warning in (kernel or {}).get("warnings") or []:  # what the kernel stage warned about, once each
+        if str(warning) not in view.warnings:
+            view.warnings.append(str(warning))
     held = _state(view, _mapping(entry.get("state"), "agent_status"), plan)
     busy = {cpu for _, key in held for cpu in parse_cpulist(key)}
     _k8s(view, _mapping(entry.get("k8s"), "k8s_status"), plan)
