@@ -262,7 +262,7 @@ ARGUMENT_SPEC = {
     "exclusive_mode": {"type": "str", "default": "packed"},
     "shared_mode": {"type": "str", "default": "packed"},
     "excl_non_isolcpus": {"type": "raw"},
-    "infra_cores": {"type": "raw", "default": 1},
+    "infra_cores": {"type": "raw", "default": "auto"},
     "isolcpus_source": {"type": "str", "default": "generate"},
     "sst_bf": {"type": "raw", "default": "auto"},
     "isolated_pools": {"type": "raw", "default": "auto"},

@@ -443,7 +443,7 @@ SPEC: dict[str, Var] = {
     "grub_dropin_name": _var(
         "kernel", _str(False, _FILE_NAME_RE, "a file name (letters, digits, _ . -)"), "99-cpupools"
     ),
-    "isolcpus_flags": _var("kernel", lambda r, f: to_isolcpus_flags(r, f), "auto", "raw"),
+    "isolcpus_flags": _var("kernel", to_isolcpus_flags, "auto", "raw"),
     "keep_adopted": _var("kernel", to_bool, True, "bool"),
     "nohz_full": _var("kernel", to_bool, True, "bool"),
     "rcu_nocbs": _var("kernel", to_bool, True, "bool"),
