@@ -289,6 +289,7 @@ def test_tarball_holds_the_collection_and_nothing_of_the_checkout(fresh):
         "changelogs/changelog.yaml",
         "changelogs/config.yaml",
         "plugins/filter/work_dir.py",
+        "plugins/callback/stages.py",
         "playbooks/site.yml",
         "site.yml",
         "inventories/local/hosts.yml",

@@ -125,6 +125,9 @@ def test_an_operator_sees_progress_without_skipped_tasks_and_the_time_of_each_st
     ], stages
     assert names[-1] == "total" and "Report the fleet" in names, stages
     assert all(re.search(r"\.\. +[0-9]+\.[0-9] s$", line) for line in stages if " .." in line), stages
+    # The bundled topology has its L3 domains and NUMA distances: the report shows them (README, "The report").
+    assert "  l3  numa  cores  cpus  cpulist      pools (cores)" in out
+    assert re.search(r"  0     0          22    44  0-21,44-65   0 .* 10 21", out), out[-4000:]
     # Paths in what the run says are normalised (no "roles/x/../.." or "inventories/local/../..").
     assert "/../" not in out, [line for line in out.splitlines() if "/../" in line]
     for warning in ("the kernel config was not found", "kernel release unknown"):
