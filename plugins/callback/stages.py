@@ -30,8 +30,8 @@ from ansible.plugins.callback import CallbackBase
 
 def format_stages(stages, total):
     """The summary lines: ``name .... 12.3 s`` per stage, then the total (names padded to one width)."""
-    rows = [(name, seconds) for name, seconds in stages] + [("total", total)]
-    width = max(len(name) for name, _ in rows) + 2
+    rows = [*stages, ("total", total)]
+    width = max(len(row[0]) for row in rows) + 2
     return [f"{name} {'.' * (width - len(name))} {seconds:6.1f} s" for name, seconds in rows]
 
 
