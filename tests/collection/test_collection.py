@@ -62,7 +62,7 @@ def _clean_env(tmp: Path, bin_dir: Path, collections: Path) -> dict[str, str]:
     }
 
 
-def _run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: int = 600) -> subprocess.CompletedProcess:
+def _run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: int = 300) -> subprocess.CompletedProcess:
     return subprocess.run(
         [str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, check=False, timeout=timeout
     )

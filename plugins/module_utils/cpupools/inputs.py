@@ -57,6 +57,10 @@ _UNIT_RE = re.compile(r"^[A-Za-z0-9@_.:-]{1,200}$")
 _SERIAL_RE = re.compile(r"^[0-9]{1,3}%$")
 
 
+#: The longest path Linux takes (``PATH_MAX``): a path is shown whole up to it.
+PATH_MAX = 4096
+
+
 def show(value: object, width: int = 60) -> str:
     """``repr`` of a value for a one-line message: no newline, never longer than ``width``."""
     text = repr(value)
@@ -676,8 +680,11 @@ def check_root(path: str, field: str = "root") -> None:
     """Refuse a root the node's files cannot be written under (a file, or not writable).
 
     A root that does not exist yet is fine when its nearest existing parent
-    is a directory the caller may write into (the stages create it).
+    is a directory the caller may write into (the stages create it). The
+    message names the path whole and normalised (no ``a/../b``): an operator
+    looks for it on the node.
     """
+    shown = show(os.path.normpath(path), width=PATH_MAX)
     probe = os.path.abspath(path)
     while not os.path.lexists(probe):
         parent = os.path.dirname(probe)
@@ -685,11 +692,11 @@ def check_root(path: str, field: str = "root") -> None:
             break
         probe = parent
     if not os.path.isdir(probe):
-        what = "" if probe == path else f" ({probe} is in its way)"
-        raise InputError(f"{show(path)} is not a directory{what}", field)
+        what = "" if probe == os.path.abspath(path) else f" ({probe} is in its way)"
+        raise InputError(f"{shown} is not a directory{what}", field)
     if not os.access(probe, os.W_OK | os.X_OK):
-        where = "" if probe == path else f" ({probe} is the nearest existing directory)"
-        raise InputError(f"{show(path)} is not writable{where}", field)
+        where = "" if probe == os.path.abspath(path) else f" ({probe} is the nearest existing directory)"
+        raise InputError(f"{shown} is not writable{where}", field)
 
 
 def check_group(group: str, field: str = "task_group") -> None:
