@@ -11,7 +11,8 @@
 # keeps two cores busy only ~80% of the time (measured: 1.6 CPU-seconds per
 # second), each job with its output in a log shown, and its exit status
 # checked, after pytest's: ansible-lint and ansible-doc, the CMK v1.4
-# interleaving test, and (as root) the molecule platform then the molecule
+# interleaving test, the installed collection on the oldest supported
+# ansible-core, and (as root) the molecule platform then the molecule
 # scenarios.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -125,12 +126,19 @@ molecule_job() {
 }
 beside molecule molecule_job "$@"
 
+# The other end of meta/runtime.yml's requires_ansible: the installed
+# collection, read-only, on the oldest ansible-core it admits, in a venv the
+# test makes (the suite above runs on the pinned, newest one). Mostly waiting
+# on ansible-playbook; about a minute beside the suite.
+beside oldest_core "$bin/python" -m pytest -p no:xdist -m oldest_core -rs --durations=0 "$@"
+
 step "tests (beside them, in the background: ${jobs_beside[*]})"
 rc=0
-"$bin/python" -m pytest -n "${CPUPOOLS_TEST_JOBS:-2}" -m "not molecule and not pidreuse" "$@" || rc=$?
+"$bin/python" -m pytest -n "${CPUPOOLS_TEST_JOBS:-2}" -m "not molecule and not pidreuse and not oldest_core" "$@" || rc=$?
 
 finish lint "lint: ansible-lint, module docs: ansible-doc" "0"
 finish pidreuse "CMK v1.4 interleaving, in a PID namespace of its own" "0 5"
+finish oldest_core "the installed collection on the oldest supported ansible-core" "0 5"
 finish molecule "molecule platform and scenarios" "0 5"
 [ "$rc" = 0 ] || exit "$rc"
 exit "$failed"

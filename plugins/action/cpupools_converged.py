@@ -30,7 +30,7 @@ class ActionModule(ActionBase):
         args = dict(self._task.args)
         if "inputs" not in args:
             args["inputs"] = host_inputs(task_vars, self._templar)
-        result.update(run_plan_module(self, "cpupools.cpupools.cpupools_converged", args, task_vars))
+        result.update(run_plan_module(self, "cpupools.cpupools.cpupools_converged", args, task_vars, prepare=True))
         if not result.get("failed"):
             result.update(groups(result))
         return result

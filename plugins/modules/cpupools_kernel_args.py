@@ -119,6 +119,14 @@ options:
     description: File (under O(root)) that remembers the values cpupools replaced, for O(state=absent).
     type: path
     default: /var/lib/cpupools/kernel-args.json
+  known_warnings:
+    description:
+      - Warnings already shown for this host (the plan play's M(cpupools.cpupools.cpupools_converged) gives
+        the same ones, in C(cpupools_kernel_status.warnings)); they are returned in RV(exports) but not
+        emitted again, so each warning is printed once per run.
+    type: list
+    elements: str
+    default: []
 attributes:
   check_mode:
     support: full
@@ -225,8 +233,8 @@ exports:
   description:
     - The facts the cpupools_kernel role sets from this result (C(cpupools_reboot_required),
       C(cpupools_pending_kernel_args), C(cpupools_kernel_cmdline), C(cpupools_housekeeping),
-      C(cpupools_kernel_status)), computed by the function the cpupools_converged module uses
-      for a host whose kernel stage it skips.
+      C(cpupools_kernel_status), whose C(warnings) are this run's warnings), computed by the function
+      the cpupools_converged module uses for a host whose kernel stage it skips.
   type: dict
   returned: always
 files_present:
@@ -267,6 +275,7 @@ ARGUMENT_SPEC = {
     "report_files": {"type": "list", "elements": "path", "default": []},
     "kernel_release": {"type": "str"},
     "record": {"type": "path", "default": "/var/lib/cpupools/kernel-args.json"},
+    "known_warnings": {"type": "list", "elements": "str", "default": []},
 }
 
 
@@ -286,10 +295,12 @@ def main():
         result = bootloader.converge(host, params)
     except CpupoolsError as exc:
         module.fail_json(msg=exc.describe(params["host"] or socket.gethostname()), commands=host.commands)
-    for warning in result.pop("warnings"):
-        module.warn(warning)
+    warnings = result.pop("warnings")
+    for warning in warnings:
+        if warning not in params["known_warnings"]:
+            module.warn(warning)
     result["files_present"] = sorted(f for f in params["report_files"] if os.path.lexists(host.path(f)))
-    result["exports"] = kernel_exports(result)
+    result["exports"] = kernel_exports({**result, "warnings": warnings})
     module.exit_json(**result)
 
 

@@ -11,6 +11,7 @@ import os
 
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.module_utils.errors import UnsupportedError
+from ansible_collections.cpupools.cpupools.plugins.plugin_utils import work_dir
 
 PREFIX = "cpupools_"
 
@@ -38,14 +39,21 @@ def controller_refusal(host, values):
     return f"{where}cpupools_k8s_kubeconfig: kubeconfig {path} does not exist or is not a file on the controller"
 
 
-def run_plan_module(action, module_name, args, task_vars):
+def run_plan_module(action, module_name, args, task_vars, prepare=False):
     """Run the plan module ``module_name`` for ``action`` and add the controller's own check of its inputs.
 
     The result is the module's, or, when ``controller_refusal`` refuses its
     normalised inputs, a one-line failure like the module's own refusals.
+    With ``prepare`` (the plan play), the work directory (``cpupools_work_dir``)
+    is created here, before any stage writes, or the host is refused.
     """
     result = action._execute_module(module_name=module_name, module_args=args, task_vars=task_vars)
     refusal = None if result.get("failed") else controller_refusal(args.get("host"), result.get("inputs"))
+    if prepare and not refusal and not result.get("failed"):
+        path, refusal = work_dir.prepare(result["inputs"]["work_dir"], bool(action._task.check_mode))
+        if refusal and args.get("host"):
+            refusal = f"host {args['host']}: {refusal}"
+        result["work_dir"] = path
     if refusal:
         return {"failed": True, "changed": False, "msg": refusal}
     line = kubelet_line(args.get("host"), result)

@@ -150,6 +150,16 @@ CASES = [
     Case("null-from-json", "cpupools_agent_path", "is empty (null)", json={"cpupools_agent_path": None}),
     Case("empty-root", "cpupools_root", "'' is empty", json={"cpupools_root": ""}),
     Case("empty-title", "cpupools_report_title", "'' is empty", json={"cpupools_report_title": ""}),
+    # the controller's work directory (cpupools_work_dir), created by the plan play before any stage writes
+    Case(
+        "work-dir-relative", "cpupools_work_dir", "'cache' is not an absolute path", yaml="cpupools_work_dir: cache\n"
+    ),
+    Case(
+        "work-dir-file-in-the-way",
+        "cpupools_work_dir",
+        "'/proc/version/cpupools' is not a directory (/proc/version is in its way) on the controller",
+        yaml="cpupools_work_dir: /proc/version/cpupools\n",
+    ),
     # modes and choices
     Case(
         "vertical",
@@ -427,7 +437,7 @@ def assert_refused_in_plan_play(res, variable: str, message: str) -> str:
     assert res.rc != 0, output[-3000:]
     assert "Traceback" not in output, output[-3000:]
     plays = [play["play"]["name"] for play in (res.data or {}).get("plays", [])]
-    assert plays == ["Plan the CPU pools"], plays
+    assert plays == ["Find the cpupools nodes", "Plan the CPU pools"], plays
     failed = [
         str(result.get("msg")) for task in res.tasks() for result in task["hosts"].values() if result.get("failed")
     ]
@@ -498,7 +508,7 @@ def test_bad_input_of_each_host_is_refused_for_that_host_before_anything_is_writ
     assert res.rc != 0, output[-3000:]
     assert "Traceback" not in output, output[-3000:]
     plays = [play["play"]["name"] for play in (res.data or {}).get("plays", [])]
-    assert plays == ["Plan the CPU pools"], plays
+    assert plays == ["Find the cpupools nodes", "Plan the CPU pools"], plays
     failed: dict[str, list[str]] = {}
     for task in res.tasks():
         for host, result in task["hosts"].items():
@@ -609,6 +619,6 @@ def test_uninstall_checks_the_inputs_before_removing_anything(tmp_path, built_ag
     output = res.stdout + res.stderr
     assert res.rc != 0 and "Traceback" not in output
     plays = [play["play"]["name"] for play in (res.data or {}).get("plays", [])]
-    assert plays == ["Check the inputs before anything is removed"], plays
+    assert plays == ["Find the cpupools nodes", "Check the inputs before anything is removed"], plays
     assert res.messages() == "host localhost: cpupools_agent_force: 'perhaps' is not a boolean; give true or false"
     assert tree_snapshot(tmp_path / "sandbox") == before

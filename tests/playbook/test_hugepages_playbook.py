@@ -222,7 +222,7 @@ def test_refused_in_the_plan_play_with_the_numbers_before_anything_is_written(tm
     res = run(tmp_path, inventory, "hugepages.yml", *args)
     assert res.rc != 0
     assert "Traceback" not in res.stdout + res.stderr
-    assert [p["play"]["name"] for p in res.data["plays"]] == ["Plan the CPU pools"]
+    assert [p["play"]["name"] for p in res.data["plays"]] == ["Find the cpupools nodes", "Plan the CPU pools"]
     msg = res.messages()
     assert message in msg, msg
     assert "\n" not in msg

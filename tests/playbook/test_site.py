@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import re
+import subprocess
+from html import escape as html_escape
 
 import pytest
-from helpers import REPO, tree_snapshot
+from helpers import REPO, VENV_BIN, ansible_env, tree_snapshot
 
 pytestmark = pytest.mark.slow
 
@@ -40,10 +44,31 @@ def test_check_mode_first_changes_nothing(playbook, tmp_path):
     assert any(line.startswith("  exclusive  0") for line in lines), lines
 
 
+def warnings_given(res) -> list[str]:
+    """Every warning of the run, in order (the text after a ``host <name>: `` prefix)."""
+    out = []
+    for task in res.tasks():
+        for result in task["hosts"].values():
+            out += [
+                str(w).split(": ", 1)[1] if str(w).startswith("host ") else str(w) for w in result.get("warnings") or []
+            ]
+    return out
+
+
 def test_run_then_rerun_changes_nothing(playbook, tmp_path):
     first = site(playbook, tmp_path)
     assert first.rc == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert first.changed() > 0
+    # The bundled topology has no kernel config and no release: each warning once, and in both reports.
+    warnings = warnings_given(first)
+    assert any("kernel config was not found" in w for w in warnings), warnings
+    assert len(warnings) == len(set(warnings)), warnings
+    text = "\n".join(first.result("Print the fleet report")["msg"])
+    html = (tmp_path / "report.html").read_text()
+    for warning in warnings:
+        assert warning in text, text
+        assert html_escape(warning) in html
+    assert "warnings        none" not in text
     snapshot = outputs(tmp_path)
     second = site(playbook, tmp_path)
     assert second.rc == 0, second.stdout[-3000:]
@@ -71,3 +96,40 @@ def test_tags_plan_only(playbook, tmp_path):
     names = [t["task"]["name"] for t in res.tasks()]
     assert any(n.endswith("Plan the CPU pools") for n in names)
     assert not any("Render the fleet report" in n for n in names)
+
+
+def test_an_operator_sees_progress_without_skipped_tasks_and_the_time_of_each_stage(tmp_path):
+    """The checkout's own output (ansible.cfg: default callback, skipped hosts hidden, cpupools.cpupools.stages)."""
+    env = ansible_env(ANSIBLE_STDOUT_CALLBACK="default")
+    extra = tmp_path / "extra.json"
+    extra.write_text(json.dumps({"cpupools_root": str(tmp_path / "sandbox"), "cpupools_report_html": ""}))
+    proc = subprocess.run(
+        [str(VENV_BIN / "ansible-playbook"), "site.yml", "-i", INVENTORY, "-e", f"@{extra}"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    out = proc.stdout
+    assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
+    assert "skipping: [localhost]" not in out, "skipped hosts are shown"
+    assert "TASK [cpupools_kernel : Write the kernel arguments into the boot loader configuration]" in out
+    stages = out[out.index("STAGES *") :].splitlines()[1:]
+    names = [line.split(" .")[0] for line in stages if " .." in line]
+    assert names[:4] == [
+        "Find the cpupools nodes",
+        "Plan the CPU pools",
+        "Write the kernel arguments",
+        "Install the node agent and the pool state",
+    ], stages
+    assert names[-1] == "total" and "Report the fleet" in names, stages
+    assert all(re.search(r"\.\. +[0-9]+\.[0-9] s$", line) for line in stages if " .." in line), stages
+    # The bundled topology has its L3 domains and NUMA distances: the report shows them (README, "The report").
+    assert "  l3  numa  cores  cpus  cpulist      pools (cores)" in out
+    assert re.search(r"  0     0          22    44  0-21,44-65   0 .* 10 21", out), out[-4000:]
+    # Paths in what the run says are normalised (no "roles/x/../.." or "inventories/local/../..").
+    assert "/../" not in out, [line for line in out.splitlines() if "/../" in line]
+    for warning in ("the kernel config was not found", "kernel release unknown"):
+        # once as a warning (on stderr), once in the report
+        assert (proc.stderr.count(warning), out.count(warning)) == (1, 1), warning

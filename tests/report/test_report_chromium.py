@@ -8,6 +8,7 @@ Needs Debian's ``chromium`` package; skipped with the reason when absent.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -181,14 +182,45 @@ def test_legend_and_tables_are_in_the_dom(tmp_path, node):
         "exclusive: whole cores handed to one process at a time, isolated",
         "shared: cores shared by the processes of the shared pool, isolated",
         "infra: the host, Kubernetes and everything else",
-        "stranded: isolated by the kernel but in no pool (wasted)",
-        "hatched, orange frame: isolated at next boot",
         "fleet: 2 hosts; 1 as planned; 1 unplanned (bare-&lt;host&gt;)",
         "1-3,45-47",
         "topology not collected",
+        # the modes and the runtime in an operator's words
+        "Modes: generate: cpupools chose the isolated CPUs; adopt: kept the isolcpus set by hand, pools as CMK "
+        "computed them.",
+        "<th>Mode</th><td>generate: cpupools chose the isolated CPUs; exclusive cores spread over the sockets and "
+        "NUMA nodes, shared cores packed (socket 0 first)</td>",
+        "<th>Runtime</th><td>cmk: cmk isolate hands out the exclusive pools",
     ):
         assert text in dom, text
     assert dom.count('class="t c-') >= 88
+    # The legend explains what the pictures show, and nothing else: no stranded, offline or unplanned CPU,
+    # no pending change and no live task on this node.
+    legend = dom[dom.index('id="legend"') : dom.index("</div>", dom.index('id="legend"'))]
+    for absent in ("stranded:", "offline:", "unplanned:", "exclusive-non-isolcpus:", "orange frame", "live task"):
+        assert absent not in legend, absent
+
+
+def test_cpu_numbers_stay_readable_on_hatched_cells(tmp_path, host_input):
+    """The number of a cell isolated at next boot sits on a solid chip of its pool's colour, not on the hatching."""
+    pending = host_input(
+        "2s22c-smt2",
+        {"num_exclusive_cores": 6, "num_shared_cores": 2, "exclusive_mode": "spread"},
+        host="node-1",
+        kernel={"reboot_required": True},
+    )
+    probe = (
+        "<script>for (const cell of document.querySelectorAll('.p-isolate')) {"
+        "const chip = cell.querySelector('span'); const s = chip && getComputedStyle(chip);"
+        "cell.dataset.chip = s ? [s.backgroundColor, s.backgroundImage, s.color].join('|') : 'none';}</script>"
+    )
+    dom = dump_dom(tmp_path, render_html([pending]).replace("</body>", probe + "</body>"))
+    cells = re.findall(r'class="t c-([a-z-]+) p-isolate" title="[^"]*" data-chip="([^"]*)"', dom)  # the picture's
+    assert len(cells) == 16, cells  # 12 exclusive and 4 shared threads wait for the next boot
+    assert "orange frame: isolated at next boot" in dom
+    for pool, chip in cells:
+        bg, fg = (tuple(bytes.fromhex(c.lstrip("#"))) for c in COLOURS[pool])
+        assert chip == f"rgb{bg}|none|rgb{fg}".replace(",", ", ").replace("  ", " "), (pool, chip)
 
 
 def test_numa_and_l3_boxes_keep_every_cell_whole(tmp_path, host_input):

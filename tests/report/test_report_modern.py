@@ -32,7 +32,7 @@ def test_the_kubelet_node_says_how_many_cpus_pods_can_use(host_input):
     numa = [row.split() for row in text.splitlines() if row.startswith("  ") and row.split()[0].isdigit()][:8]
     assert [r[6] for r in numa] == [f"{24 * n},{24 * n + 192}" for n in range(8)]
     words = html.unescape(render_html([entry]))
-    assert "pods can use 368 of 384 CPUs" in words and "Workloads (kubelet)" in words
+    assert "<th>Runtime</th><td>kubelet: pods can use 368 of 384 CPUs" in words
     assert "housekeeping CPUs" in words
 
 

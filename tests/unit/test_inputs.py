@@ -233,6 +233,14 @@ def test_check_root(tmp_path, monkeypatch):
         check_root(str(tmp_path / "file"))
     with pytest.raises(PlanError, match=r"is not a directory \(.*/file is in its way\)"):
         check_root(str(tmp_path / "file" / "sandbox"))
+    # A long root is named whole, normalised: an operator looks for it on the node.
+    deep = tmp_path / ("a-long-directory-name-" * 4) / "sandbox" / "localhost"
+    with pytest.raises(PlanError) as exc:
+        check_root(str(tmp_path / "file" / ".." / "file" / deep.relative_to(tmp_path)))
+    assert (
+        str(exc.value)
+        == f"'{tmp_path / 'file' / deep.relative_to(tmp_path)}' is not a directory ({tmp_path / 'file'} is in its way)"
+    )
     monkeypatch.setattr(os, "access", lambda path, mode: False)
     with pytest.raises(PlanError, match=r"is not writable \(.* is the nearest existing directory\)") as exc:
         check_root(str(tmp_path / "sandbox"))

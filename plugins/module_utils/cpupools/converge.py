@@ -447,6 +447,8 @@ def kernel_exports(kernel: Mapping) -> dict:
             "pending": [item["arg"] for item in kernel["pending"]],
             "not_applied": [item["arg"] for item in kernel["not_applied"]],
             "desired_cmdline_args": kernel.get("args") or {},
+            # what the kernel stage warns about (the report shows them; the stage does not repeat them)
+            "warnings": [str(w) for w in kernel.get("warnings") or []],
         },
     }
 

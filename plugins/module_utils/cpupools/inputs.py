@@ -57,6 +57,10 @@ _UNIT_RE = re.compile(r"^[A-Za-z0-9@_.:-]{1,200}$")
 _SERIAL_RE = re.compile(r"^[0-9]{1,3}%$")
 
 
+#: The longest path Linux takes (``PATH_MAX``): a path is shown whole up to it.
+PATH_MAX = 4096
+
+
 #: The one error type of this module: a value no stage can use. The plan's own
 #: error type, since the plan play is where every input is refused.
 InputError = PlanError
@@ -400,6 +404,12 @@ def _path(allow_empty: bool = False) -> Callable[[object, str], str]:
     return lambda raw, field: to_path(raw, field, allow_empty)
 
 
+def _work_dir(raw: object, field: str) -> str:
+    """``auto`` or an absolute path (a directory on the controller; plugin_utils/work_dir.py resolves it)."""
+    text = to_str(raw, field)
+    return text if text == "auto" else to_path(text, field)
+
+
 def _shebang(raw: object, field: str) -> str:
     text = to_str(raw, field)
     if not text.startswith("/"):
@@ -434,6 +444,7 @@ SPEC: dict[str, Var] = {
     # cpupools_plan
     "root": _var("plan agent kernel kubelet", _path(), "/", "path"),
     "facts_root": _var("plan kernel", _path(), "/", "path", derived=True),
+    "work_dir": _var("plan agent report", _work_dir, "auto"),
     "num_exclusive_cores": _var("plan", to_count, 4, "int"),
     "num_shared_cores": _var("plan", to_count, 1, "int"),
     "exclusive_mode": _var("plan", _choice(MODES), "packed", choices=MODES),
@@ -551,8 +562,8 @@ INTERNAL = frozenset(
         "plan",
         "plan_result",
         "plan_agent_build",
-        "plan_exports",
         "plan_kubelet_lines",
+        "plan_exports",
         "kernel_exports",
         "reboot_required",
         "pending_kernel_args",
@@ -699,8 +710,11 @@ def check_root(path: str, field: str = "root") -> None:
     """Refuse a root the node's files cannot be written under (a file, or not writable).
 
     A root that does not exist yet is fine when its nearest existing parent
-    is a directory the caller may write into (the stages create it).
+    is a directory the caller may write into (the stages create it). The
+    message names the path whole and normalised (no ``a/../b``): an operator
+    looks for it on the node.
     """
+    shown = show(os.path.normpath(path), width=PATH_MAX)
     probe = os.path.abspath(path)
     while not os.path.lexists(probe):
         parent = os.path.dirname(probe)
@@ -708,11 +722,11 @@ def check_root(path: str, field: str = "root") -> None:
             break
         probe = parent
     if not os.path.isdir(probe):
-        what = "" if probe == path else f" ({probe} is in its way)"
-        raise InputError(f"{show(path)} is not a directory{what}", field)
+        what = "" if probe == os.path.abspath(path) else f" ({probe} is in its way)"
+        raise InputError(f"{shown} is not a directory{what}", field)
     if not os.access(probe, os.W_OK | os.X_OK):
-        where = "" if probe == path else f" ({probe} is the nearest existing directory)"
-        raise InputError(f"{show(path)} is not writable{where}", field)
+        where = "" if probe == os.path.abspath(path) else f" ({probe} is the nearest existing directory)"
+        raise InputError(f"{shown} is not writable{where}", field)
 
 
 def check_group(group: str, field: str = "task_group") -> None:

@@ -10,7 +10,8 @@ Input: one dict per host (``analyse_host`` documents every key)::
      "plan": cpupools_plan,                        # plan_pools() output, or None
      "kernel": {"reboot_required": bool,           # cpupools_kernel_status, or None
                 "pending": ["isolcpus", ...],
-                "desired_cmdline_args": {"isolcpus": "...", ...}},
+                "desired_cmdline_args": {"isolcpus": "...", ...},
+                "warnings": ["...", ...]},              # shown with the plan's warnings
      "state": {"present": bool,                    # cpupools_agent_status, or None
                "pools": {pool: {socket: [cpulist, ...]}},
                "tasks": {pool: {cpulist: [pid, ...]}}},
@@ -223,6 +224,8 @@ class HostView:
     host: str
     summary: str = ""
     mode: str | None = None
+    #: How the pools were laid out over sockets and NUMA nodes (the plan's request), in words.
+    layout: str = ""
     runtime: str | None = None
     #: What the runtime gives workloads, in its terms (the kubelet: allocatable CPUs, reservedSystemCPUs).
     workloads: str = ""
@@ -263,6 +266,13 @@ class HostView:
         mode = f"mode {self.mode} ({MODE_WORDS.get(self.mode, self.mode)})" if self.mode else ""
         runtime = f"runtime {self.runtime}" if self.runtime else ""
         return [d for d in (self.summary, mode, runtime) if d]
+
+    @property
+    def mode_words(self) -> str:
+        """The plan's mode in an operator's words, and the pools' layout (the HTML report's Mode row)."""
+        if not self.mode:
+            return ""
+        return "; ".join(w for w in (f"{self.mode}: {MODE_WORDS.get(self.mode, self.mode)}", self.layout) if w)
 
     @property
     def pending(self) -> bool:
@@ -377,6 +387,7 @@ def analyse_host(entry: Mapping) -> HostView:
     if plan:
         view.has_plan = True
         view.mode = str(plan.get("mode", "generate"))
+        view.layout = _layout_words(plan.get("request") or {})
         _plan_cpulists(plan)  # validates the shape early, before any rendering
         for pool, cpus in (plan.get("pool_cpus") or {}).items():
             for cpu in _cpus(cpus, f"pool_cpus of {pool}", "plan"):
@@ -415,7 +426,11 @@ def analyse_host(entry: Mapping) -> HostView:
         to_release = set(active_iso) - set(planned_iso)
         view.to_isolate = format_cpulist(to_isolate)
         view.to_release = format_cpulist(to_release)
-    _kernel(view, _mapping(entry.get("kernel"), "kernel_status"), bool(to_isolate or to_release))
+    kernel = _mapping(entry.get("kernel"), "kernel_status")
+    _kernel(view, kernel, bool(to_isolate or to_release))
+    for warning in (kernel or {}).get("warnings") or []:  # what the kernel stage warned about, once each
+        if str(warning) not in view.warnings:
+            view.warnings.append(str(warning))
     held = _state(view, _mapping(entry.get("state"), "agent_status"), plan)
     busy = {cpu for _, key in held for cpu in parse_cpulist(key)}
     _k8s(view, _mapping(entry.get("k8s"), "k8s_status"), plan)
@@ -440,6 +455,21 @@ MODE_WORDS = {
     "generate": "cpupools chose the isolated CPUs",
     "adopt": "kept the isolcpus set by hand, pools as CMK computed them",
 }
+
+
+#: The pools' layout modes (cpupools_exclusive_mode, cpupools_shared_mode) in an operator's words.
+LAYOUT_WORDS = {"packed": "packed (socket 0 first)", "spread": "spread over the sockets and NUMA nodes"}
+
+
+def _layout_words(request: Mapping) -> str:
+    """``exclusive cores spread over ...; shared cores packed ...`` for the pools the request sizes."""
+    words = []
+    for pool, key in ((EXCLUSIVE, "exclusive_mode"), (SHARED, "shared_mode")):
+        count = request.get(f"num_{pool}_cores")
+        mode = request.get(key)
+        if mode and count not in (None, 0):
+            words.append(f"{pool} cores {LAYOUT_WORDS.get(str(mode), str(mode))}")
+    return ", ".join(words)
 
 
 def _runtime(view: HostView, plan: Mapping, planned: int) -> None:
@@ -1087,18 +1117,53 @@ def render_text(hosts: Sequence[Mapping], failed: Sequence[str] = (), generated:
 TEMPLATE = "cpupools-report.html.j2"
 
 
-def legend() -> list[dict[str, str]]:
-    """The legend: one swatch per CPU class, then the marks."""
-    items = [{"classes": f"t c-{name}", "text": DESCRIPTIONS[name]} for name in CPU_CLASSES]
-    items += [
-        {"classes": f"t c-{INFRA} p-{PENDING_ISOLATE}", "text": "hatched, orange frame: isolated at next boot"},
-        {
-            "classes": f"t c-{EXCLUSIVE} p-{PENDING_RELEASE}",
-            "text": "dashed orange frame: isolated now, released at next boot",
-        },
-        {"classes": f"t c-{EXCLUSIVE} busy", "text": "dot: held by a live task"},
+#: The legend's marks: (key, CSS classes of the swatch, text).
+MARKS = (
+    (PENDING_ISOLATE, f"t c-{INFRA} p-{PENDING_ISOLATE}", "hatched, orange frame: isolated at next boot"),
+    (
+        PENDING_RELEASE,
+        f"t c-{EXCLUSIVE} p-{PENDING_RELEASE}",
+        "dashed orange frame: isolated now, released at next boot",
+    ),
+    ("busy", f"t c-{EXCLUSIVE} busy", "dot: held by a live task"),
+)
+
+
+def shown(views: Sequence[HostView]) -> set[str]:
+    """The CPU classes and marks the pictures of ``views`` use (a legend lists only those)."""
+    found: set[str] = set()
+    for view in views:
+        if view.offline:
+            found.add(OFFLINE)
+        for sock in view.sockets:
+            for node in sock.numa:
+                for core in node.cores:
+                    for thread in core.threads:
+                        found.add(thread.pool)
+                        if thread.pending:
+                            found.add(thread.pending)
+                        if thread.busy:
+                            found.add("busy")
+    return found
+
+
+def legend(views: Sequence[HostView] | None = None) -> list[dict[str, str]]:
+    """The legend: one swatch per CPU class, then the marks; with ``views``, only those their pictures show."""
+    present = None if views is None else shown(views)
+    items = [
+        {"classes": f"t c-{name}", "text": DESCRIPTIONS[name]}
+        for name in CPU_CLASSES
+        if present is None or name in present
     ]
+    items += [{"classes": classes, "text": text} for key, classes, text in MARKS if present is None or key in present]
     return items
+
+
+#: What the modes mean, under the legend of every page whose hosts have a plan.
+def modes_line(views: Sequence[HostView]) -> str:
+    if not any(view.mode for view in views):
+        return ""
+    return "Modes: " + "; ".join(f"{mode}: {words}" for mode, words in MODE_WORDS.items()) + "."
 
 
 def page_model(
@@ -1112,7 +1177,8 @@ def page_model(
         "title": title,
         "generated": generated or "",
         "fleet": fleet_summary(views, failed),
-        "legend": legend(),
+        "legend": legend(views),
+        "modes": modes_line(views),
         "colours": [{"name": name, "bg": bg, "fg": fg} for name, (bg, fg) in COLOURS.items()],
         "not_collected": NOT_COLLECTED,
         "offline": OFFLINE,
