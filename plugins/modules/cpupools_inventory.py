@@ -14,9 +14,11 @@ description:
     the node's topology (a cpulist beyond its CPUs, pools that fit its
     cores, a root or group on the node), which the plan play checks.
   - Its action reads the variables from C(hostvars), which hold every host
-    of the inventory whatever the run's C(--limit): a run limited to one
-    shard or one AWX/AAP job slice still checks the whole fleet, and refuses
-    before any slice writes. No node is contacted and no module process runs.
+    of the inventory whatever the run's C(--limit), so a run limited to one
+    shard still checks the whole fleet, and refuses before any shard writes.
+    No node is contacted and no module process runs. An AWX/AAP job slice's
+    inventory holds only its own hosts; C(playbooks/check.yml) runs this
+    check alone, unsliced, first (docs/awx.md).
   - A value that cannot be templated on the controller (it uses a fact of
     the node) is left to the plan play and listed in RV(deferred).
   - This module is what a direct run outside a task executes, over
@@ -64,7 +66,7 @@ refused:
   returned: failure
   type: int
 deferred:
-  description: C(host: variable) for each value left to the plan play (it needs the node's facts).
+  description: "C(host: variable) for each value left to the plan play (it needs the node's facts)."
   returned: always
   type: list
   elements: str

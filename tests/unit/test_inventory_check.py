@@ -47,6 +47,7 @@ def test_the_controllers_own_check_runs_on_every_valid_host():
         return f"host {host}: no" if host == "node-00001" else None
 
     count, refusals = check_inventory(fleet(3, {2: {"cpupools_runtime": "nope"}}), controller=controller)
+    assert count == 3
     assert seen == [("node-00000", 4), ("node-00001", 4)]
     assert refusals[0] == "host node-00001: no" and refusals[1].startswith("host node-00002: cpupools_runtime")
 

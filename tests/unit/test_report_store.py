@@ -49,7 +49,8 @@ def test_a_corrupt_file_is_left_out_and_named_and_the_rest_is_reported(tmp_path)
     run(store, ["a", "b", "c"], ["a", "b", "c"])
     path = store / "b.json"
     path.write_bytes(path.read_bytes()[:20])  # cut short
-    (store / "c.json").write_text(json.dumps({"format": 1, "host": "c", "taken_epoch": NOW, "report": {"host": "c", "plan": 7}}))
+    malformed = {"format": 1, "host": "c", "taken_epoch": NOW, "report": {"host": "c", "plan": 7}}
+    (store / "c.json").write_text(json.dumps(malformed))
     (store / ".a.json.x1.tmp").write_text("a writer's temporary file")
     (store / "notes.txt").write_text("not a store file")
     result = run(store, [], ["a", "b", "c"])
