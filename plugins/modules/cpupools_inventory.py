@@ -23,7 +23,7 @@ description:
     the node) is left to the plan play and listed in RV(deferred).
   - This module is what a direct run outside a task executes, over
     O(variables).
-version_added: "1.1.0"
+version_added: "1.0.0"
 options:
   group:
     description: The inventory group whose hosts are checked.

@@ -778,13 +778,13 @@ def check_inventory(
 
 
 def inventory_refusal(count: int, refusals: Sequence[str]) -> str | None:
-    """One message for the refusals of ``check_inventory``; None when there is none."""
+    """One line for the refusals of ``check_inventory`` (the first ``SHOWN_REFUSALS``); None when there is none.
+
+    Each refusal reads as the plan play's (``host X: cpupools_Y: ...``); past
+    the ones shown, a count of the others and of the hosts checked.
+    """
     if not refusals:
         return None
-    shown = list(refusals[:SHOWN_REFUSALS])
-    more = len(refusals) - len(shown)
-    tail = f"; and {more} more host(s)" if more else ""
-    return (
-        f"{len(refusals)} of {count} host(s) in the inventory have a bad cpupools value; "
-        f"nothing was changed on any host: " + "; ".join(shown) + tail
-    )
+    shown = "; ".join(refusals[:SHOWN_REFUSALS])
+    more = len(refusals) - SHOWN_REFUSALS
+    return shown + (f"; and {more} more of the {count} hosts" if more > 0 else "")
