@@ -55,7 +55,7 @@ class ActionModule(ActionBase):
         if hosts is None:
             hosts = list(task_vars.get("groups", {}).get(params["group"], []))
         deferred = []
-        count, refusals = check_inventory(
+        count, refusals, warnings = check_inventory(
             (host_values(hostvars, host, deferred) for host in hosts), controller=controller_refusal
         )
         result.update(
@@ -66,7 +66,8 @@ class ActionModule(ActionBase):
         )
         message = inventory_refusal(count, refusals)
         if message:
-            result.update(failed=True, msg=message, refused=len(refusals))
+            # The plan play, which warns about unknown names, will not run: warn here.
+            result.update(failed=True, msg=message, refused=len(refusals), warnings=warnings)
         else:
             result["msg"] = f"{count} host(s) checked on the controller"
         return result

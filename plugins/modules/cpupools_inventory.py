@@ -97,10 +97,12 @@ def main():
     start = time.monotonic()
     variables = module.params["variables"] or {}
     hosts = module.params["hosts"] if module.params["hosts"] is not None else sorted(variables)
-    count, refusals = check_inventory((host, variables.get(host) or {}) for host in hosts)
+    count, refusals, warnings = check_inventory((host, variables.get(host) or {}) for host in hosts)
     result = {"changed": False, "checked": count, "deferred": [], "seconds": round(time.monotonic() - start, 3)}
     message = inventory_refusal(count, refusals)
     if message:
+        for warning in warnings:
+            module.warn(warning)
         module.fail_json(msg=message, refused=len(refusals), **result)
     module.exit_json(msg=f"{count} host(s) checked", **result)
 

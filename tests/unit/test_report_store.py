@@ -112,7 +112,7 @@ def _writer(store: str, host: str, rounds: int, tag: str) -> None:
 def test_two_runs_writing_the_same_host_at_once_leave_one_whole_file(tmp_path):
     store = str(tmp_path / "store")
     os.makedirs(store)
-    procs = [multiprocessing.Process(target=_writer, args=(store, "a", 60, tag)) for tag in "xy"]
+    procs = [multiprocessing.Process(target=_writer, args=(store, "a", 20, tag)) for tag in "xy"]
     for proc in procs:
         proc.start()
     seen = 0

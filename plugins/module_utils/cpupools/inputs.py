@@ -750,8 +750,8 @@ SHOWN_REFUSALS = 20
 def check_inventory(
     hosts: Iterable[tuple[str, Mapping[str, object]]],
     controller: Callable[[str, dict[str, object]], str | None] | None = None,
-) -> tuple[int, list[str]]:
-    """Check the ``cpupools_*`` variables of every host, on the controller: ``(hosts checked, refusals)``.
+) -> tuple[int, list[str], list[str]]:
+    """Check the ``cpupools_*`` variables of every host, on the controller: ``(hosts checked, refusals, warnings)``.
 
     ``hosts`` gives each host's name and its ``cpupools_*`` variables (full
     names). Each goes through ``validate_inputs`` without the node's CPU
@@ -760,12 +760,16 @@ def check_inventory(
     the plan play still checks. ``controller(host, values)`` adds what only
     the controller can check (the caller's; a refusal or None). One refusal
     per bad host, in the host's order, as the plan play words it
-    (``host X: cpupools_Y: ...``).
+    (``host X: cpupools_Y: ...``). The warnings are the plan play's about
+    unknown names, one per name with the hosts that have it (the first few).
     """
     count = 0
     refusals = []
+    unknown: dict[str, list[str]] = {}
     for host, raw in hosts:
         count += 1
+        for warning in unknown_variables(raw):
+            unknown.setdefault(warning, []).append(host)
         try:
             values = validate_inputs(raw).values
         except InputError as exc:
@@ -774,7 +778,11 @@ def check_inventory(
         refusal = controller(host, values) if controller else None
         if refusal:
             refusals.append(refusal)
-    return count, refusals
+    warnings = []
+    for warning, names in unknown.items():
+        more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+        warnings.append(f"host{'s' if len(names) > 1 else ''} {', '.join(names[:3])}{more}: {warning}")
+    return count, refusals, warnings
 
 
 def inventory_refusal(count: int, refusals: Sequence[str]) -> str | None:

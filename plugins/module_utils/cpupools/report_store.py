@@ -163,16 +163,16 @@ def read(directory: str) -> tuple[dict[str, Record], list[tuple[str, str]]]:
         if name.startswith(".") or not name.endswith(SUFFIX) or name == SUFFIX:
             continue
         path = os.path.join(directory, name)
+        if not os.path.isfile(path):
+            continue  # a directory or a device: not a store file
         try:
-            if os.path.getsize(path) > MAX_BYTES:
-                unreadable.append((name, f"larger than {MAX_BYTES // (1024 * 1024)} MiB"))
-                continue
             with open(path, "rb") as handle:
-                content = handle.read()
-        except IsADirectoryError:
-            continue
+                content = handle.read(MAX_BYTES + 1)
         except OSError as exc:
             unreadable.append((name, f"cannot be read: {exc.strerror}"))
+            continue
+        if len(content) > MAX_BYTES:
+            unreadable.append((name, f"larger than {MAX_BYTES // (1024 * 1024)} MiB"))
             continue
         host = host_of(name)
         try:
