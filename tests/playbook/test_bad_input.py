@@ -58,10 +58,13 @@ class Case:
         """The whole-inventory check refuses it on the controller, in the first play (no node needed)."""
         from cpupools.inputs import check_inventory
 
+        sys.path.insert(0, str(REPO / "collections"))
+        from ansible_collections.cpupools.cpupools.plugins.plugin_utils.inputs import controller_refusal
+
         values = dict(yaml.safe_load(self.yaml) or {}) if self.yaml else {}
         values.update(self.json)
         values.update(pair.split("=", 1) for pair in self.cli)
-        return bool(check_inventory([("localhost", values)])[1])
+        return bool(check_inventory([("localhost", values)], controller=controller_refusal)[1])
 
     @property
     def per_host(self) -> bool:
@@ -204,10 +207,16 @@ CASES = [
     ),
     # cpulists
     Case(
-        "cpulist-four-billion",
+        "cpulist-four-billion",  # beyond any node: refused on the controller, before the node's count is known
         "cpupools_excl_non_isolcpus",
-        "item 1 '0-4000000000': CPU 4000000000 is beyond the last possible CPU 87",
+        "item 1 '0-4000000000': CPU 4000000000 is beyond the last possible CPU 65535",
         cli=("cpupools_excl_non_isolcpus=0-4000000000",),
+    ),
+    Case(
+        "cpulist-beyond-the-node",  # beyond this node only: refused by the plan play, with the node's number
+        "cpupools_excl_non_isolcpus",
+        "item 1 '0-100': CPU 100 is beyond the last possible CPU 87",
+        cli=("cpupools_excl_non_isolcpus=0-100",),
     ),
     Case(
         "cpulist-open-range",
@@ -237,7 +246,7 @@ CASES = [
         "no such directory",
         json={"cpupools_facts_root": "/nonexistent/topology"},
     ),
-    Case("facts-root-empty", "cpupools_facts_root", "the root is empty", json={"cpupools_facts_root": ""}),
+    Case("facts-root-empty", "cpupools_facts_root", "'' is empty", json={"cpupools_facts_root": ""}),
     Case(
         "relative-conf-dir",
         "cpupools_conf_dir",
