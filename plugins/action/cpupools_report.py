@@ -14,6 +14,9 @@ inputs of the whole fleet are not serialised to one and back
 task's delegation.
 """
 
+import os
+import socket
+import time
 from collections.abc import Mapping
 
 from ansible.plugins.action import ActionBase
@@ -43,6 +46,15 @@ def host_input(host, variables):
     return entry
 
 
+def run_label(task_vars):
+    """Which run this is, for the report store: the AWX/AAP job (``awx_job_id``) or the controller and
+    ansible-playbook's process id, and the run's ``--limit``."""
+    job = task_vars.get("awx_job_id") or task_vars.get("tower_job_id")
+    where = f"awx job {job}" if job else f"{socket.gethostname()} pid {os.getppid()}"
+    limit = task_vars.get("ansible_limit")
+    return f"{where}, --limit {limit}" if limit else where
+
+
 class ActionModule(ActionBase):
     _supports_check_mode = True
 
@@ -52,6 +64,10 @@ class ActionModule(ActionBase):
         if "hosts" not in args:
             hostvars = task_vars["hostvars"]
             args["hosts"] = [host_input(host, hostvars[host]) for host in task_vars["ansible_play_hosts"]]
+        if args.get("store"):
+            args.setdefault("now", time.time())
+            if not args.get("run"):
+                args["run"] = run_label(task_vars)
         params, refusal = checked_args(args, ARGUMENT_SPEC, "cpupools report")
         if refusal:
             result.update(failed=True, msg=refusal)

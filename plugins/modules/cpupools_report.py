@@ -75,6 +75,36 @@ options:
       - Free text shown under the title, for example a date. Unset by default,
         so that an unchanged fleet gives a byte-identical report.
     type: str
+  store:
+    description:
+      - A directory on the controller, the report store (docs/awx.md). Each
+        host of O(hosts) is written there, one file per host, atomically,
+        with O(now) and O(run) (not in check mode); the report then covers
+        every host of O(inventory_hosts) from the store, and ends with a
+        report data section naming the hosts no run reported, when each
+        host's data was taken and by which run, and the files it left out.
+      - Unset, the report shows O(hosts) only.
+    type: path
+  inventory_hosts:
+    description:
+      - With O(store), the hosts the report covers (the inventory's
+        C(cpupools_nodes)); by default the hosts of O(hosts).
+    type: list
+    elements: str
+  run:
+    description:
+      - With O(store), which run this is, kept with each host's data; the
+        action names the AWX/AAP job or the controller and process, and the
+        run's C(--limit).
+    type: str
+    default: ""
+  now:
+    description: With O(store), the time this run's data is taken, in seconds since the epoch; by default now.
+    type: float
+  store_max_age:
+    description: With O(store), seconds after which a host's data is flagged as too old; 0 flags none.
+    type: int
+    default: 0
 attributes:
   check_mode:
     support: full
@@ -133,6 +163,14 @@ html_path:
   description: The HTML file written (or that would be written in check mode); null when none.
   returned: success
   type: str
+store:
+  description: >-
+    With O(store): its C(path), the report data C(summary) line, and the
+    hosts C(reported), C(missing) (no run reported them), C(stale) (too
+    old), C(outside) (in the store, not in O(inventory_hosts)), and the
+    files C(unreadable).
+  returned: when O(store) is set
+  type: dict
 """
 
 from ansible.module_utils.basic import AnsibleModule

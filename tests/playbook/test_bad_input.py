@@ -54,6 +54,19 @@ class Case:
     prepare: str = ""  # name of a setup in PREPARE
 
     @property
+    def early(self) -> bool:
+        """The whole-inventory check refuses it on the controller, in the first play (no node needed)."""
+        from cpupools.inputs import check_inventory
+
+        sys.path.insert(0, str(REPO / "collections"))
+        from ansible_collections.cpupools.cpupools.plugins.plugin_utils.inputs import controller_refusal
+
+        values = dict(yaml.safe_load(self.yaml) or {}) if self.yaml else {}
+        values.update(self.json)
+        values.update(pair.split("=", 1) for pair in self.cli)
+        return bool(check_inventory([("localhost", values)], controller=controller_refusal)[1])
+
+    @property
     def per_host(self) -> bool:
         """Nothing on the command line: the case can be one host among others in a run."""
         return not self.json and not self.cli
@@ -194,10 +207,16 @@ CASES = [
     ),
     # cpulists
     Case(
-        "cpulist-four-billion",
+        "cpulist-four-billion",  # beyond any node: refused on the controller, before the node's count is known
         "cpupools_excl_non_isolcpus",
-        "item 1 '0-4000000000': CPU 4000000000 is beyond the last possible CPU 87",
+        "item 1 '0-4000000000': CPU 4000000000 is beyond the last possible CPU 65535",
         cli=("cpupools_excl_non_isolcpus=0-4000000000",),
+    ),
+    Case(
+        "cpulist-beyond-the-node",  # beyond this node only: refused by the plan play, with the node's number
+        "cpupools_excl_non_isolcpus",
+        "item 1 '0-100': CPU 100 is beyond the last possible CPU 87",
+        cli=("cpupools_excl_non_isolcpus=0-100",),
     ),
     Case(
         "cpulist-open-range",
@@ -227,7 +246,7 @@ CASES = [
         "no such directory",
         json={"cpupools_facts_root": "/nonexistent/topology"},
     ),
-    Case("facts-root-empty", "cpupools_facts_root", "the root is empty", json={"cpupools_facts_root": ""}),
+    Case("facts-root-empty", "cpupools_facts_root", "'' is empty", json={"cpupools_facts_root": ""}),
     Case(
         "relative-conf-dir",
         "cpupools_conf_dir",
@@ -432,12 +451,18 @@ def built_agent():
     )
 
 
-def assert_refused_in_plan_play(res, variable: str, message: str) -> str:
+#: The plays a refused run starts: what needs no node is refused on the controller by the first
+#: play's whole-inventory check (docs/awx.md), the rest by the plan play, on the node.
+EARLY = ["Find the cpupools nodes"]
+LATE = ["Find the cpupools nodes", "Plan the CPU pools"]
+
+
+def assert_refused_in_plan_play(res, variable: str, message: str, early: bool = False) -> str:
     output = res.stdout + res.stderr
     assert res.rc != 0, output[-3000:]
     assert "Traceback" not in output, output[-3000:]
     plays = [play["play"]["name"] for play in (res.data or {}).get("plays", [])]
-    assert plays == ["Find the cpupools nodes", "Plan the CPU pools"], plays
+    assert plays == (EARLY if early else LATE), plays
     failed = [
         str(result.get("msg")) for task in res.tasks() for result in task["hosts"].values() if result.get("failed")
     ]
@@ -459,7 +484,7 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path, built_agent, 
     node_before = tree_snapshot(tmp_path)
     checkout_before = checkout_snapshot()
     res = run_playbook(REPO / "site.yml", tmp_path, extra or None, *args, inventory=str(inventory))
-    assert_refused_in_plan_play(res, case.variable, case.message)
+    assert_refused_in_plan_play(res, case.variable, case.message, case.early)
     # The extra-vars file is the only new file, and it was written before the run.
     after = {k: v for k, v in tree_snapshot(tmp_path).items() if not k.startswith("extra-vars-")}
     assert after == {k: v for k, v in node_before.items() if not k.startswith("extra-vars-")}
@@ -500,30 +525,51 @@ def write_fleet_inventory(tmp_path: Path, cases: list[Case]) -> Path:
 def test_bad_input_of_each_host_is_refused_for_that_host_before_anything_is_written(tmp_path, built_agent):
     cases = [case for case in CASES if case.per_host]
     assert len(cases) > 1 and len({case.id for case in cases}) == len(cases)
-    inventory = write_fleet_inventory(tmp_path, cases)
-    node_before = tree_snapshot(tmp_path)
+    early = [case for case in cases if case.early]
+    late = [case for case in cases if not case.early]
+    assert early and len(late) > 1, (early, late)
+    # All of them in one run: the whole-inventory check refuses every host with a value bad on any
+    # node, in one message, in the first play, and no host is planned.
+    inventory = write_fleet_inventory(tmp_path / "all", cases)
+    before = tree_snapshot(tmp_path)
     checkout_before = checkout_snapshot()
+    res = run_playbook(REPO / "site.yml", tmp_path, None, inventory=str(inventory))
+    output = res.stdout + res.stderr
+    assert res.rc != 0 and "Traceback" not in output, output[-3000:]
+    plays = [play["play"]["name"] for play in (res.data or {}).get("plays", [])]
+    assert plays == EARLY, plays
+    msg = res.messages()
+    assert "\n" not in msg, msg
+    assert msg.startswith("host "), msg
+    for case in early:
+        assert f"host {case.id}: {case.variable}: " in msg and case.message in msg, (case.id, msg)
+    for case in late:
+        assert f"host {case.id}:" not in msg, (case.id, msg)
+    assert tree_snapshot(tmp_path) == before
+    # Those only a node can refuse, in one run: the plan play refuses each host with its own message.
+    inventory = write_fleet_inventory(tmp_path / "late", late)
+    before = tree_snapshot(tmp_path)
     res = run_playbook(REPO / "site.yml", tmp_path, None, inventory=str(inventory))
     output = res.stdout + res.stderr
     assert res.rc != 0, output[-3000:]
     assert "Traceback" not in output, output[-3000:]
     plays = [play["play"]["name"] for play in (res.data or {}).get("plays", [])]
-    assert plays == ["Find the cpupools nodes", "Plan the CPU pools"], plays
+    assert plays == LATE, plays
     failed: dict[str, list[str]] = {}
     for task in res.tasks():
         for host, result in task["hosts"].items():
             if result.get("failed"):
                 failed.setdefault(host, []).append(str(result.get("msg")))
     # Every host refused, once, with its own one-line message and no other's.
-    assert sorted(failed) == sorted(case.id for case in cases), failed
-    for case in cases:
+    assert sorted(failed) == sorted(case.id for case in late), failed
+    for case in late:
         assert len(failed[case.id]) == 1, (case.id, failed[case.id])
         msg = failed[case.id][0]
         assert "\n" not in msg, msg
         assert msg.startswith(f"host {case.id}: {case.variable}: "), msg
         assert case.message in msg, msg
-    assert tree_snapshot(tmp_path) == node_before
-    assert not (tmp_path / "report.html").exists()
+    assert tree_snapshot(tmp_path) == before
+    assert not list(tmp_path.rglob("report.html"))
     assert checkout_snapshot() == checkout_before
 
 
@@ -539,7 +585,8 @@ def test_unknown_variables_are_warned_about_with_the_closest_name(tmp_path, buil
         "cpupools_num_exclusive_cores=",
         inventory=str(inventory),
     )
-    # The misspelt names are warned about first, then the empty value is refused.
+    # The misspelt names are warned about first, then the empty value is refused, on the controller
+    # (the whole-inventory check warns as the plan play would: that play does not run).
     output = res.stdout + res.stderr
     assert (
         "host localhost: cpupools_num_exclusive_core is not a cpupools variable "
@@ -549,7 +596,7 @@ def test_unknown_variables_are_warned_about_with_the_closest_name(tmp_path, buil
         "host localhost: cpupools_isolated_pool is not a cpupools variable "
         "(did you mean cpupools_isolated_pools?); it is ignored" in output
     )
-    assert_refused_in_plan_play(res, "cpupools_num_exclusive_cores", "'' is not an integer")
+    assert_refused_in_plan_play(res, "cpupools_num_exclusive_cores", "'' is not an integer", early=True)
 
 
 def test_count_from_e_means_cores_per_socket(tmp_path):
@@ -619,6 +666,6 @@ def test_uninstall_checks_the_inputs_before_removing_anything(tmp_path, built_ag
     output = res.stdout + res.stderr
     assert res.rc != 0 and "Traceback" not in output
     plays = [play["play"]["name"] for play in (res.data or {}).get("plays", [])]
-    assert plays == ["Find the cpupools nodes", "Check the inputs before anything is removed"], plays
+    assert plays == EARLY, plays  # the whole-inventory check, on the controller
     assert res.messages() == "host localhost: cpupools_agent_force: 'perhaps' is not a boolean; give true or false"
     assert tree_snapshot(tmp_path / "sandbox") == before

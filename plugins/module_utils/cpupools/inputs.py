@@ -22,7 +22,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .cpulist import ISOLCPUS_FLAGS, parse_cpulist
@@ -550,6 +550,8 @@ SPEC: dict[str, Var] = {
     "report_print": _var("report", to_bool, True, "bool"),
     "report_title": _var("report", _str(False), "cpupools report"),
     "report_generated": _var("report", _str(True), ""),
+    "report_store": _var("report", _path(allow_empty=True), ""),
+    "report_store_max_age": _var("report", _int(0, 10 * 365 * 86400), 0, "int"),
     # cpupools_reboot (serial is the reboot play's, read before any role)
     "reboot_simulate_command": _var("reboot", to_argv, [], "list"),
     "reboot_serial": _var("", to_serial, 1, "raw"),
@@ -739,3 +741,58 @@ def check_group(group: str, field: str = "task_group") -> None:
         grp.getgrnam(group)
     except KeyError:
         raise InputError(f"group {show(group)} does not exist on the node", field) from None
+
+
+#: How many refused hosts a whole-inventory check names before it counts the rest.
+SHOWN_REFUSALS = 20
+
+
+def check_inventory(
+    hosts: Iterable[tuple[str, Mapping[str, object]]],
+    controller: Callable[[str, dict[str, object]], str | None] | None = None,
+) -> tuple[int, list[str], list[str]]:
+    """Check the ``cpupools_*`` variables of every host, on the controller: ``(hosts checked, refusals, warnings)``.
+
+    ``hosts`` gives each host's name and its ``cpupools_*`` variables (full
+    names). Each goes through ``validate_inputs`` without the node's CPU
+    count: everything but what needs the node (a cpulist beyond its possible
+    CPUs, the pools fitting its cores, a root or group on the node), which
+    the plan play still checks. ``controller(host, values)`` adds what only
+    the controller can check (the caller's; a refusal or None). One refusal
+    per bad host, in the host's order, as the plan play words it
+    (``host X: cpupools_Y: ...``). The warnings are the plan play's about
+    unknown names, one per name with the hosts that have it (the first few).
+    """
+    count = 0
+    refusals = []
+    unknown: dict[str, list[str]] = {}
+    for host, raw in hosts:
+        count += 1
+        for warning in unknown_variables(raw):
+            unknown.setdefault(warning, []).append(host)
+        try:
+            values = validate_inputs(raw).values
+        except InputError as exc:
+            refusals.append(exc.describe(host))
+            continue
+        refusal = controller(host, values) if controller else None
+        if refusal:
+            refusals.append(refusal)
+    warnings = []
+    for warning, names in unknown.items():
+        more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+        warnings.append(f"host{'s' if len(names) > 1 else ''} {', '.join(names[:3])}{more}: {warning}")
+    return count, refusals, warnings
+
+
+def inventory_refusal(count: int, refusals: Sequence[str]) -> str | None:
+    """One line for the refusals of ``check_inventory`` (the first ``SHOWN_REFUSALS``); None when there is none.
+
+    Each refusal reads as the plan play's (``host X: cpupools_Y: ...``); past
+    the ones shown, a count of the others and of the hosts checked.
+    """
+    if not refusals:
+        return None
+    shown = "; ".join(refusals[:SHOWN_REFUSALS])
+    more = len(refusals) - SHOWN_REFUSALS
+    return shown + (f"; and {more} more of the {count} hosts" if more > 0 else "")

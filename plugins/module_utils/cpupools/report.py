@@ -49,9 +49,11 @@ import hashlib
 import json
 import os
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from . import report_store
 from .cpulist import format_cpulist, parse_cpulist
 from .errors import CpupoolsError, PlanError, ReportError
 from .hugepages import parse_size, size_label
@@ -1171,9 +1173,22 @@ def page_model(
     failed: Sequence[str] = (),
     title: str = "cpupools report",
     generated: str | None = None,
+    fleet: report_store.Fleet | None = None,
 ) -> dict:
     """Everything the HTML template shows, computed; the template adds only markup."""
+    store = None
+    if fleet is not None:
+        store = {
+            "summary": report_store.summary(fleet),
+            "rows": report_store.rows(fleet),
+            "missing": fleet.missing,
+            "unreadable": [{"name": name, "why": why} for name, why in fleet.unreadable],
+            "outside": [
+                {"host": r.host, "taken": report_store.timestamp(r.taken), "run": r.run} for r in fleet.outside
+            ],
+        }
     return {
+        "store": store,
         "title": title,
         "generated": generated or "",
         "fleet": fleet_summary(views, failed),
@@ -1233,6 +1248,11 @@ ARGUMENT_SPEC = {
     "template": {"type": "path"},
     "title": {"type": "str", "default": "cpupools report"},
     "generated": {"type": "str"},
+    "store": {"type": "path"},
+    "inventory_hosts": {"type": "list", "elements": "str"},
+    "run": {"type": "str", "default": ""},
+    "now": {"type": "float"},
+    "store_max_age": {"type": "int", "default": 0},
 }
 
 
@@ -1258,6 +1278,59 @@ def _write_atomic(path: str, content: bytes, move: Callable[[str, str], object])
             os.unlink(tmp)
 
 
+def _from_store(params: Mapping, check_mode: bool) -> tuple[list[HostView], report_store.Fleet]:
+    """The views of every inventory host with data in the store (this run's first) and what the store adds.
+
+    This run's hosts are written first (not in check mode, where they are
+    laid over the store in memory), then the whole store is read: a host
+    another run wrote meanwhile is shown as that run left it. A host whose
+    stored data the report cannot read is left out and named, not fatal.
+    """
+    now = params.get("now")
+    now = time.time() if now is None else float(now)
+    run = params.get("run") or ""
+    fresh = []
+    for entry in params["hosts"]:
+        host = entry.get("host") if isinstance(entry, Mapping) else None
+        if not isinstance(host, str) or not host:
+            raise ReportError("every entry of hosts needs a host name", None)
+        fresh.append(report_store.Record(host, now, run, dict(entry)))
+    store = params["store"]
+    if not check_mode:
+        report_store.write(store, fresh)
+    stored, unreadable = report_store.read(store)
+    inventory = params.get("inventory_hosts")
+    if inventory is None:
+        inventory = [record.host for record in fresh]
+    fleet = report_store.merge(
+        store, inventory, stored, [] if not check_mode else fresh, unreadable, now, params.get("store_max_age") or 0
+    )
+    views = []
+    kept = []
+    for record in fleet.records:
+        try:
+            views.append(analyse_host(record.entry))
+        except ReportError as exc:
+            why = f"its report data is malformed: {exc.describe(None)}"
+            fleet.unreadable.append((report_store.file_name(record.host), why))
+            continue
+        kept.append(record)
+    fleet.records = kept
+    return views, fleet
+
+
+def _store_result(fleet: report_store.Fleet) -> dict:
+    return {
+        "path": fleet.store,
+        "summary": report_store.summary(fleet),
+        "reported": [r.host for r in fleet.records],
+        "missing": fleet.missing,
+        "unreadable": [name for name, _ in fleet.unreadable],
+        "outside": [r.host for r in fleet.outside],
+        "stale": [r.host for r in fleet.stale()],
+    }
+
+
 def report(params: Mapping, check_mode: bool = False, move: Callable[[str, str], object] = os.replace) -> dict:
     """The ``cpupools_report`` result for its validated options: render, and write the page when it changed.
 
@@ -1270,8 +1343,14 @@ def report(params: Mapping, check_mode: bool = False, move: Callable[[str, str],
     if params.get("html_path") and not params.get("template"):
         raise ReportError("html_path is set but template is not (the role passes its own)")
     failed = params.get("failed_hosts") or []
-    views = analyse(params["hosts"])
+    fleet = None
+    if params.get("store"):
+        views, fleet = _from_store(params, check_mode)
+    else:
+        views = analyse(params["hosts"])
     lines = text_lines(views, failed, params.get("generated"))
+    if fleet is not None:
+        lines += report_store.lines(fleet)
     result: dict = {
         "changed": False,
         "text": "\n".join(lines) + "\n",
@@ -1280,10 +1359,12 @@ def report(params: Mapping, check_mode: bool = False, move: Callable[[str, str],
         "hosts": {v.host: {"status": v.status, "drift": v.drift, "warnings": v.warnings} for v in views},
         "html_path": None,
     }
+    if fleet is not None:
+        result["store"] = _store_result(fleet)
     path = params.get("html_path")
     if not path:
         return result
-    model = page_model(views, failed, params.get("title") or "cpupools report", params.get("generated"))
+    model = page_model(views, failed, params.get("title") or "cpupools report", params.get("generated"), fleet)
     content = render_page(model, params["template"]).encode("utf-8")
     try:
         with open(path, "rb") as handle:
