@@ -4,7 +4,8 @@
 
 One task, run once, before any slice writes: it reads each host's variables
 from the inventory (``hostvars``, which hold every host of the inventory
-whatever the run's ``--limit``: AWX/AAP job slicing is a limit), runs the
+whatever the run's ``--limit``; an AWX/AAP job slice gets an inventory of
+its own hosts only, so there playbooks/check.yml runs first, unsliced), runs the
 one input check (module_utils/cpupools/inputs.py) on each, and refuses the
 run naming every bad host. No node is contacted and no module process runs.
 A value that cannot be templated on the controller (it needs a fact of the
