@@ -200,6 +200,7 @@ def measures(wall: float, data: dict, hosts: int) -> dict:
         "main_total": data["main"],
         "changed": data["changed"],
         "changed_tasks": data["changed_tasks"],
+        "task_seconds": data.get("task_seconds", {}),
     }
 
 
@@ -264,6 +265,8 @@ def report_fleet(hosts: int, rows: list[dict]) -> None:
             f"CPU s/host {median(rows, label, 'cpu'):.3f} all, {median(rows, label, 'main'):.3f} main process; "
             f"{last['changed']} changed {last['changed_tasks'] if last['changed'] else ''}"
         )
+    slowest = sorted(rows[-1]["rerun"]["task_seconds"].items(), key=lambda kv: -kv[1])[:4]
+    print("  re-run's longest tasks: " + "; ".join(f"{name} {seconds:.1f} s" for name, seconds in slowest))
     ratio = [r["rerun"]["wall"] / r["ping"]["wall"] for r in rows]
     main = [r["rerun"]["main"] / r["ping"]["main"] for r in rows]
     cpu = [r["rerun"]["cpu"] / r["ping"]["cpu"] for r in rows]

@@ -10,7 +10,8 @@ object: per host the results (tasks, module executions, changed), the
 statistics, the main process's user and system CPU seconds, and with
 ``CPUPOOLS_BENCH_SIZES=1`` the size of each task's result (its JSON) per
 task name, which costs the main process CPU of its own (keep it off when
-timing). Only ansible-core is needed (the bench ran ``ansible.posix.json``
+timing). It also keeps the wall time of each task (from its start to the
+next task's or play's). Only ansible-core is needed (the bench ran ``ansible.posix.json``
 before, which only the development set has).
 """
 
@@ -18,6 +19,7 @@ import json
 import os
 import resource
 import sys
+import time
 
 from ansible.plugins.callback import CallbackBase
 
@@ -57,6 +59,8 @@ class CallbackModule(CallbackBase):
         self._modules = 0
         self._failures = []
         self._changed = {}
+        self._task_times = {}
+        self._current = None
         self._sizes = {} if os.environ.get("CPUPOOLS_BENCH_SIZES") == "1" else None
 
     def _count(self, result, failed=False):
@@ -71,6 +75,22 @@ class CallbackModule(CallbackBase):
             entry = self._sizes.setdefault(result.task.get_name(), [0, 0])
             entry[0] += 1
             entry[1] += size
+
+    def _task_start(self, task):
+        now = time.monotonic()
+        if self._current is not None and self._current[0] is not None:
+            name, start = self._current
+            self._task_times[name] = self._task_times.get(name, 0.0) + now - start
+        self._current = (None if task is None or not hasattr(task, "action") else task.get_name(), now)
+
+    def v2_playbook_on_task_start(self, task, is_conditional):
+        self._task_start(task)
+
+    def v2_playbook_on_handler_task_start(self, task):
+        self._task_start(task)
+
+    def v2_playbook_on_play_start(self, play):
+        self._task_start(play)  # a play's start ends its previous play's last task
 
     def v2_runner_on_ok(self, result):
         self._count(result)
@@ -89,6 +109,7 @@ class CallbackModule(CallbackBase):
 
     def v2_playbook_on_stats(self, stats):
         usage = resource.getrusage(resource.RUSAGE_SELF)
+        self._task_start(None)
         hosts = sorted(stats.processed)
         out = {
             "main_cpu": {"user": usage.ru_utime, "system": usage.ru_stime},
@@ -97,6 +118,7 @@ class CallbackModule(CallbackBase):
             "modules": self._modules,
             "changed": sum(stats.summarize(host)["changed"] for host in hosts),
             "changed_tasks": self._changed,
+            "task_seconds": {name: round(seconds, 3) for name, seconds in self._task_times.items()},
             "failures": self._failures,
             "stats": {host: stats.summarize(host) for host in hosts},
         }
