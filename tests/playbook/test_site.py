@@ -79,9 +79,10 @@ def test_run_then_rerun_changes_nothing(playbook, tmp_path):
     # invocation; the same report (report.html above, and its text here) from the slimmer result.
     slim = second.result("Plan the CPU pools")
     assert not {"ansible_facts", "files", "inputs", "invocation"} & set(slim), sorted(slim)
-    assert json.loads(slim["topology_json"])["online"] == first.result("Plan the CPU pools")["ansible_facts"][
-        "cpupools"
-    ]["online"]
+    assert (
+        json.loads(slim["topology_json"])["online"]
+        == first.result("Plan the CPU pools")["ansible_facts"]["cpupools"]["online"]
+    )
     assert {"plan", "exports", "converged", "k8s_skip_reason"} <= set(slim)
     assert len(json.dumps({k: v for k, v in slim.items() if k != "topology_json"})) < 6000
     assert second.result("Print the fleet report")["msg"] == first.result("Print the fleet report")["msg"]
