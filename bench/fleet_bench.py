@@ -1,35 +1,60 @@
 #!/usr/bin/env python3
 """Benchmark: site.yml against a simulated fleet, compared with the floor of any Ansible run.
 
-N hosts (default 20), each with the local connection, the embedded default
-inventory's 2-socket 88-CPU topology as its facts root and its own sandbox
-root. Each round builds a fresh fleet and times, with the same hosts and forks:
+Simulated hosts use the local connection, the embedded default inventory's
+2-socket 88-CPU topology as their facts root and each its own sandbox root.
+For each fleet size of ``--hosts`` (default 20; for example ``20,200,1000``)
+and each round it times, with the same hosts and forks:
 
-- the first run of site.yml (everything to do),
-- the converged re-run (nothing to do; it must report zero changed),
+- the converged re-run of site.yml (nothing to do; it must report zero
+  changed),
 - a playbook of one ``ansible.builtin.ping`` per host (the floor),
 
-and prints the times, the re-run / ping ratio, and per host the tasks and the
-module executions (results of tasks that ran a module on the node or the
-controller, not set_fact / assert / debug / group_by / meta). Then it times
-the converged re-run of the same fleet with one host replaced by a 1,024-CPU
-host (fixture 8s64c-smt2) and by a 16-CPU host (1s8c-smt2): the big host must
-cost no more than the small one.
+and prints the wall times, the re-run / ping ratio, per host the tasks and
+the module executions (results of tasks that ran a module on the node or the
+controller, not set_fact / assert / debug / group_by / meta), the CPU seconds
+of the whole run (controller and local "nodes") and of ansible-playbook's
+main process alone, whose work per host is serial (the strategy, the results,
+the callbacks, the forking of workers: bench/callback/bench_json.py reads it
+in that process at the end of the run), and their ratios to ping's. Between
+two fleet sizes it prints the main process's CPU per added host (the slope),
+which is what a larger fleet adds.
 
-``--repo DIR`` runs another checkout's site.yml (for example a ``git worktree``
-of main, to measure "today") with the same fleet. Exits 1 when a re-run
-changed something.
+The fleets are converged without a first run per host: one first run of
+site.yml on a seed fleet of ``--first-hosts`` hosts (default 20; its time is
+printed), then every host of every fleet gets a copy of the seed's first root
+(its one host-specific file, the reconcile service naming the node, is
+rewritten; the large files are hard links). The re-run proves the copies
+converged: it fails the bench when it changes anything, and its module
+executions per host show whether a stage play ran. So 1,000 hosts take
+minutes on 2 cores, not the hour a first run of each would.
+
+Then, unless ``--no-big``, it times the converged re-run of a fleet of
+``--big-hosts`` hosts (default 20; real first runs) with one host replaced by
+a 1,024-CPU host (fixture 8s64c-smt2) and by a 16-CPU host (1s8c-smt2): the
+big host must cost no more than the small one.
+
+``--sizes`` adds one converged re-run of the smallest fleet that measures the
+JSON size of each task's result per host (not timed: measuring costs the
+main process CPU).
+
+``--repo DIR`` runs another checkout's site.yml (for example a ``git
+worktree`` of main, to measure "before") with the same fleets. Exits 1 when a
+re-run changed something. Needs only the run set (requirements-run.txt, the
+``.venv`` of ``./scripts/run.sh``).
 
 ``--mitogen DIR`` runs every playbook under mitogen's ``mitogen_linear``
 strategy (DIR holds the ``ansible_mitogen`` package, for example an unpacked
 wheel; nothing is installed).
 
-    .venv/bin/python bench/fleet_bench.py [--hosts 20] [--forks 10] [--rounds 3] [--repo DIR] [--mitogen DIR]
+    .venv/bin/python bench/fleet_bench.py [--hosts 20,200,1000] [--rounds 3] [--forks 10] [--first-hosts 20]
+        [--sizes] [--no-big] [--repo DIR] [--mitogen DIR] [--keep DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import resource
@@ -46,20 +71,6 @@ sys.path[:0] = [str(HERE / "plugins" / "module_utils"), str(HERE / "tests" / "fi
 
 from sysfs import CORPUS, write_tree  # noqa: E402
 
-#: Actions that run on the controller without executing a module.
-CONTROLLER_ACTIONS = {
-    "set_fact",
-    "assert",
-    "debug",
-    "group_by",
-    "meta",
-    "include_tasks",
-    "import_tasks",
-    "include_role",
-    "validate_argument_spec",
-    "add_host",
-}
-
 PING = """---
 - name: Ping every host
   hosts: cpupools_nodes
@@ -69,6 +80,10 @@ PING = """---
       ansible.builtin.ping:
 """
 
+#: The seed's files at least this large are hard links in the copies (cmk.pyz, cmk): small ones, the
+#: lock file among them, are copied, so that no two hosts share a file they open for writing.
+LINK_SIZE = 64 * 1024
+
 
 def make_fleet(base: Path, hosts: int, odd: tuple[str, Path] | None = None) -> Path:
     """The inventory of ``hosts`` hosts; ``odd`` = (fixture name, its tree) replaces the first host's topology."""
@@ -76,7 +91,7 @@ def make_fleet(base: Path, hosts: int, odd: tuple[str, Path] | None = None) -> P
     topology = HERE / "inventories" / "local" / "topology"
     lines = ["all:", "  children:", "    cpupools_nodes:", "      hosts:"]
     for i in range(hosts):
-        name = f"node{i:03d}"
+        name = f"node{i:04d}"
         lines += [
             f"        {name}:",
             "          ansible_connection: local",
@@ -101,6 +116,33 @@ def make_fleet(base: Path, hosts: int, odd: tuple[str, Path] | None = None) -> P
     return inventory
 
 
+def clone_roots(seed: Path, base: Path, hosts: int) -> None:
+    """Give each host of the fleet in ``base`` a copy of the converged root ``seed`` (node0000's)."""
+    for i in range(hosts):
+        name = f"node{i:04d}"
+        target = base / "roots" / name
+        if target.exists():
+            continue
+        shutil.copytree(
+            seed,
+            target,
+            symlinks=True,
+            copy_function=lambda src, dst: (
+                os.link(src, dst) if os.path.getsize(src) >= LINK_SIZE else shutil.copy2(src, dst)
+            ),
+        )
+        for path in target.rglob("*"):
+            if path.is_file() and not path.is_symlink() and path.stat().st_size < LINK_SIZE:
+                text = path.read_bytes()
+                if b"node0000" in text:
+                    stat = path.stat()
+                    path.write_bytes(text.replace(b"node0000", name.encode()))
+                    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+#: The task that writes the fleet's HTML report (changed on the first re-run of a new fleet: no file yet).
+REPORT_TASK = "cpupools_report : Render the fleet report"
+
 #: Extra environment of every run (--mitogen sets its strategy).
 EXTRA_ENV: dict[str, str] = {}
 
@@ -110,22 +152,27 @@ def children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run(repo: Path, inventory: Path, playbook: Path, forks: int) -> tuple[float, dict]:
-    """Wall time and the JSON callback's output; the CPU seconds of the run (controller and the
-    local "nodes" together) are in ``data["cpu"]``."""
+def run(
+    repo: Path, inventory: Path, playbook: Path, forks: int, *extra: str, sizes: bool = False
+) -> tuple[float, dict]:
+    """Wall time and the bench callback's output (bench/callback/bench_json.py); the CPU seconds of the
+    whole run (controller and the local "nodes" together) are in ``data["cpu"]``, the main process's in
+    ``data["main"]``."""
     env = dict(os.environ)
     env.update(
         {
             "ANSIBLE_CONFIG": str(repo / "ansible.cfg"),
-            "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
+            "ANSIBLE_CALLBACK_PLUGINS": str(HERE / "bench" / "callback"),
+            "ANSIBLE_STDOUT_CALLBACK": "bench_json",
             "ANSIBLE_FORKS": str(forks),
+            "CPUPOOLS_BENCH_SIZES": "1" if sizes else "0",
             **EXTRA_ENV,
         }
     )
     cpu = children_cpu()
     start = time.perf_counter()
     proc = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory), str(playbook)],
+        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory), str(playbook), *extra],
         cwd=repo,
         env=env,
         capture_output=True,
@@ -135,34 +182,56 @@ def run(repo: Path, inventory: Path, playbook: Path, forks: int) -> tuple[float,
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         sys.exit(f"{playbook} failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    data = json.loads(proc.stdout[proc.stdout.index("{") :])
+    data = json.loads(proc.stdout.strip().splitlines()[-1])
     data["cpu"] = children_cpu() - cpu
+    data["main"] = data["main_cpu"]["user"] + data["main_cpu"]["system"]
     return wall, data
 
 
-def counts(data: dict, hosts: int) -> tuple[float, float, int, float]:
-    """Tasks per host (every result, skipped included), module executions per host, changed results, CPU s/host."""
-    tasks = modules = 0
-    for play in data["plays"]:
-        for task in play["tasks"]:
-            for res in task["hosts"].values():
-                tasks += 1
-                action = str(res.get("action", "")).rpartition(".")[2]
-                if not res.get("skipped") and action not in CONTROLLER_ACTIONS:
-                    modules += 1
-    changed = sum(s["changed"] for s in data["stats"].values())
-    return tasks / hosts, modules / hosts, changed, data["cpu"] / hosts
+def measures(wall: float, data: dict, hosts: int) -> dict:
+    """Wall time; per host: tasks (every result, skipped included), module executions, CPU s of the
+    whole run and of the main process; changed results."""
+    return {
+        "wall": wall,
+        "tasks": data["tasks"] / hosts,
+        "modules": data["modules"] / hosts,
+        "cpu": data["cpu"] / hosts,
+        "main": data["main"] / hosts,
+        "main_total": data["main"],
+        "changed": data["changed"],
+        "changed_tasks": data["changed_tasks"],
+        "task_seconds": data.get("task_seconds", {}),
+    }
 
 
-def one_round(repo: Path, base: Path, hosts: int, forks: int) -> dict:
+def seed_fleet(repo: Path, base: Path, hosts: int, forks: int) -> tuple[Path, dict]:
+    """A fleet of ``hosts`` hosts after a real first run of site.yml: node0000's root, and that run's measures."""
     inventory = make_fleet(base, hosts)
-    out = {}
-    for label in ("first", "rerun"):
+    wall, data = run(repo, inventory, repo / "site.yml", forks)
+    return base / "roots" / "node0000", measures(wall, data, hosts)
+
+
+def fleet_rounds(repo: Path, base: Path, seed: Path, hosts: int, forks: int, rounds: int) -> list[dict]:
+    """Rounds of (converged re-run, ping) over a fleet of ``hosts`` copies of the seed's root."""
+    inventory = make_fleet(base, hosts)
+    clone_roots(seed, base, hosts)
+    out = []
+    for i in range(rounds):
+        row = {}
         wall, data = run(repo, inventory, repo / "site.yml", forks)
-        out[label] = (wall, *counts(data, hosts))
-    wall, data = run(repo, inventory, base / "ping.yml", forks)
-    out["ping"] = (wall, *counts(data, hosts))
+        row["rerun"] = measures(wall, data, hosts)
+        if i == 0 and set(data["changed_tasks"]) <= {REPORT_TASK}:
+            row["rerun"]["changed"] = 0  # the fleet's report file is new: written once, on the first round
+        wall, data = run(repo, inventory, base / "ping.yml", forks)
+        row["ping"] = measures(wall, data, hosts)
+        out.append(row)
     return out
+
+
+def result_sizes(repo: Path, base: Path, forks: int, hosts: int) -> dict:
+    """JSON bytes per host of each task's results in a converged re-run (bench_json with sizes on)."""
+    _, data = run(repo, base / "hosts.yml", repo / "site.yml", forks, sizes=True)
+    return data["sizes"]
 
 
 def big_host(repo: Path, base: Path, hosts: int, forks: int, rounds: int) -> dict[str, list[float]]:
@@ -176,25 +245,54 @@ def big_host(repo: Path, base: Path, hosts: int, forks: int, rounds: int) -> dic
     for _ in range(rounds):
         for name in times:  # interleaved: both see the same load
             wall, data = run(repo, base / name / "hosts.yml", repo / "site.yml", forks)
-            if counts(data, hosts)[2]:
+            if data["changed"]:
                 sys.exit(f"re-run with {name} changed something: not idempotent")
             times[name].append(wall)
     return times
 
 
+def median(rows: list[dict], label: str, key: str) -> float:
+    return statistics.median(r[label][key] for r in rows)
+
+
+def report_fleet(hosts: int, rows: list[dict]) -> None:
+    for label in ("rerun", "ping"):
+        last = rows[-1][label]
+        walls = ", ".join(f"{r[label]['wall']:.1f}" for r in rows)
+        print(
+            f"  {label:5}: wall {median(rows, label, 'wall'):6.1f} s (rounds: {walls}); "
+            f"{last['tasks']:4.1f} tasks/host, {last['modules']:4.1f} module executions/host; "
+            f"CPU s/host {median(rows, label, 'cpu'):.3f} all, {median(rows, label, 'main'):.3f} main process; "
+            f"{last['changed']} changed {last['changed_tasks'] if last['changed'] else ''}"
+        )
+    slowest = sorted(rows[-1]["rerun"]["task_seconds"].items(), key=lambda kv: -kv[1])[:4]
+    print("  re-run's longest tasks: " + "; ".join(f"{name} {seconds:.1f} s" for name, seconds in slowest))
+    ratio = [r["rerun"]["wall"] / r["ping"]["wall"] for r in rows]
+    main = [r["rerun"]["main"] / r["ping"]["main"] for r in rows]
+    cpu = [r["rerun"]["cpu"] / r["ping"]["cpu"] for r in rows]
+
+    def fmt(xs: list[float]) -> str:
+        return f"{statistics.median(xs):.2f}" + (f" ({', '.join(f'{x:.2f}' for x in xs)})" if len(xs) > 1 else "")
+
+    print(f"  re-run / ping: wall {fmt(ratio)}; main-process CPU {fmt(main)}; all CPU {fmt(cpu)}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hosts", type=int, default=20)
+    parser.add_argument("--hosts", default="20", help="fleet sizes, comma-separated (default 20)")
     parser.add_argument("--forks", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--first-hosts", type=int, default=20, help="hosts of the seed fleet's first run")
     parser.add_argument("--repo", type=Path, default=HERE, help="checkout whose site.yml runs (default: this one)")
     parser.add_argument("--no-big", action="store_true", help="skip the 1,024-CPU host comparison")
-    parser.add_argument("--big-hosts", type=int, help="hosts of the fleets of that comparison (default: --hosts)")
+    parser.add_argument("--big-hosts", type=int, default=20, help="hosts of the fleets of that comparison")
+    parser.add_argument("--sizes", action="store_true", help="measure the results' JSON size per task and host")
     parser.add_argument("--keep", type=Path, help="build the fleets in DIR and keep them")
     parser.add_argument(
         "--mitogen", type=Path, help="run under mitogen_linear from DIR (the directory holding ansible_mitogen)"
     )
     args = parser.parse_args()
+    sizes = sorted({int(n) for n in args.hosts.split(",")})
     if args.mitogen:
         EXTRA_ENV.update(
             ANSIBLE_STRATEGY_PLUGINS=str(args.mitogen.resolve() / "ansible_mitogen" / "plugins" / "strategy"),
@@ -204,29 +302,50 @@ def main() -> None:
     base = args.keep or Path(tempfile.mkdtemp(prefix="cpupools-fleet-"))
     base.mkdir(parents=True, exist_ok=True)
     print(
-        f"fleet: {args.hosts} hosts, forks {args.forks}, {args.rounds} rounds, 2 sockets x 22 cores SMT2 each; "
-        f"{os.cpu_count()} CPUs; site.yml of {repo}{'; mitogen_linear' if args.mitogen else ''}"
+        f"fleets of {', '.join(map(str, sizes))} hosts, forks {args.forks}, {args.rounds} rounds, "
+        f"2 sockets x 22 cores SMT2 each; {os.cpu_count()} CPUs; site.yml of {repo}"
+        f"{'; mitogen_linear' if args.mitogen else ''}",
+        flush=True,
     )
     failed = False
     try:
-        rounds = [one_round(repo, base / f"round{i}", args.hosts, args.forks) for i in range(args.rounds)]
-        for label in ("first", "rerun", "ping"):
-            walls = [r[label][0] for r in rounds]
-            _, tasks, modules, changed, _ = rounds[-1][label]
-            cpu = statistics.median(r[label][4] for r in rounds)
+        seed, first = seed_fleet(repo, base / "seed", args.first_hosts, args.forks)
+        print(
+            f"first run of {args.first_hosts} hosts (the seed): wall {first['wall']:.1f} s; "
+            f"{first['tasks']:.1f} tasks/host, {first['modules']:.1f} module executions/host; "
+            f"CPU s/host {first['cpu']:.3f} all, {first['main']:.3f} main process",
+            flush=True,
+        )
+        results = {}
+        for hosts in sizes:
+            rows = fleet_rounds(repo, base / f"fleet{hosts}", seed, hosts, args.forks, args.rounds)
+            results[hosts] = rows
+            print(f"{hosts} hosts:")
+            report_fleet(hosts, rows)
+            failed |= any(r["rerun"]["changed"] for r in rows)
+            sys.stdout.flush()
+        for small, large in itertools.pairwise(sizes):
+            slope = {
+                label: (median(results[large], label, "main_total") - median(results[small], label, "main_total"))
+                / (large - small)
+                for label in ("rerun", "ping")
+            }
             print(
-                f"{label:6}: wall {statistics.median(walls):6.1f} s median of {', '.join(f'{w:.1f}' for w in walls)}; "
-                f"{tasks:5.1f} tasks/host, {modules:5.1f} module executions/host, {cpu:.2f} CPU s/host, "
-                f"{changed} changed"
+                f"main-process CPU per added host, {small} to {large} hosts: re-run {slope['rerun'] * 1000:.1f} ms, "
+                f"ping {slope['ping'] * 1000:.1f} ms, ratio {slope['rerun'] / slope['ping']:.2f}"
             )
-            failed |= label == "rerun" and any(r["rerun"][3] for r in rounds)
-        ratios = [r["rerun"][0] / r["ping"][0] for r in rounds]
-        print(f"re-run / ping: {statistics.median(ratios):.2f} (per round: {', '.join(f'{x:.2f}' for x in ratios)})")
+        if args.sizes:
+            smallest = sizes[0]
+            table = result_sizes(repo, base / f"fleet{smallest}", args.forks, smallest)
+            print(f"result bytes per host (JSON) of a converged re-run of {smallest} hosts, by task:")
+            for name, entry in sorted(table.items(), key=lambda kv: -kv[1]["bytes"]):
+                print(f"  {entry['bytes'] / smallest:9.0f}  {name} ({entry['results']} results)")
+            print(f"  {sum(e['bytes'] for e in table.values()) / smallest:9.0f}  all")
         if not args.no_big:
-            times = big_host(repo, base / "big", args.big_hosts or args.hosts, args.forks, args.rounds)
+            times = big_host(repo, base / "big", args.big_hosts, args.forks, args.rounds)
             small, big = statistics.median(times["1s8c-smt2"]), statistics.median(times["8s64c-smt2"])
             print(
-                f"converged re-run of {args.big_hosts or args.hosts} hosts, the first with 16 CPUs: {small:.1f} s; "
+                f"converged re-run of {args.big_hosts} hosts, the first with 16 CPUs: {small:.1f} s; "
                 f"with 1,024 CPUs: {big:.1f} s "
                 f"(difference {big - small:+.1f} s, {(big - small) / small * 100:+.0f} %)"
             )

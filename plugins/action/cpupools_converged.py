@@ -7,9 +7,23 @@ The host joins ``cpupools_converged_<stage>`` for every converged stage,
 ``cpupools_planned``, through one group named after the combination (the
 stage plays exclude those groups; docs/performance.md). The strategy adds
 the groups as it does for ``group_by``: no task of its own per host.
+
+On a host with nothing to do (every stage with a check converged) it slims
+the result that goes back to ansible-playbook's main process, which handles
+every host's result in one process (docs/performance.md, "The converged
+result"): the topology is returned as ``topology_json``, its facts as one
+JSON text, not as the fact ``ansible_facts.cpupools`` (Ansible copies a
+host's facts on every lookup of its variables, about a dozen per host and
+run, and walks every object of a result once more for the callbacks: one
+string is one object), and ``files``, ``inputs`` and ``invocation``, which
+only a stage that runs reads, are left out. A run with ``-v`` or ``--diff``
+gets the whole result.
 """
 
+import json
+
 from ansible.plugins.action import ActionBase
+from ansible.utils.display import Display
 from ansible_collections.cpupools.cpupools.plugins.plugin_utils.inputs import host_inputs, run_plan_module
 
 
@@ -24,6 +38,26 @@ def groups(result):
     return {"add_group": name, "parent_groups": parents}
 
 
+#: What only a stage that runs reads (and Ansible's echo of the arguments): left out of a converged host's result.
+STAGE_ONLY = ("files", "inputs", "invocation")
+
+
+def slim(result, verbose):
+    """The result of a host with nothing to do, as later plays and the report read it (the others unchanged).
+
+    The topology moves from ``ansible_facts.cpupools`` to ``topology_json``
+    (the same facts, as compact JSON text); the keys of ``STAGE_ONLY`` go.
+    ``verbose`` (``-v``, ``--diff``) keeps it whole.
+    """
+    if verbose or result.get("failed") or result.get("todo") != []:
+        return result
+    facts = result.pop("ansible_facts", None) or {}
+    result["topology_json"] = json.dumps(facts.get("cpupools"), sort_keys=True, separators=(",", ":"))
+    for key in STAGE_ONLY:
+        result.pop(key, None)
+    return result
+
+
 class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
@@ -33,4 +67,4 @@ class ActionModule(ActionBase):
         result.update(run_plan_module(self, "cpupools.cpupools.cpupools_converged", args, task_vars, prepare=True))
         if not result.get("failed"):
             result.update(groups(result))
-        return result
+        return slim(result, Display().verbosity > 0 or bool(self._task.diff))

@@ -14,6 +14,7 @@ inputs of the whole fleet are not serialised to one and back
 task's delegation.
 """
 
+import json
 import os
 import socket
 import time
@@ -37,7 +38,12 @@ def host_input(host, variables):
     """The report input of one host, from its host variables."""
     # hostvars templates what it returns; a variable the host lacks is None (shown as "not collected")
     facts = variables.get("ansible_facts") or {}
-    entry = {"host": host, "topology": facts.get("cpupools")}
+    topology = facts.get("cpupools")
+    if topology is None:
+        # a converged host's plan play returns it in its result, not as a fact (docs/performance.md)
+        text = (variables.get("cpupools_plan_result") or {}).get("topology_json")
+        topology = json.loads(text) if isinstance(text, str) else None
+    entry = {"host": host, "topology": topology}
     for key, name in PARTS:
         entry[key] = variables.get(name)
     plan = entry["plan"]

@@ -80,7 +80,7 @@ plan:
   type: dict
 inputs:
   description: Every public cpupools variable, normalised (without the C(cpupools_) prefix).
-  returned: success
+  returned: success, unless RV(topology_json) is returned
   type: dict
 stages:
   description: Stage name to the reasons it is not converged ([] when converged); only the stages with a check.
@@ -101,7 +101,7 @@ files:
   description:
     - Name to C(stage), C(path) (on the node, without the root), C(content) and C(mode)
       of every file the stages render.
-  returned: when compare is true and the state is present
+  returned: when compare is true and the state is present, unless RV(topology_json) is returned
   type: dict
 exports:
   description:
@@ -141,9 +141,20 @@ code:
   type: str
   sample: /opt/bin/cmk.pyz
 ansible_facts:
-  description: The topology as C(cpupools), as M(cpupools.cpupools.cpupools_facts) returns it.
-  returned: success
+  description:
+    - The topology as C(cpupools), as M(cpupools.cpupools.cpupools_facts) returns it.
+    - On a host with nothing to do (RV(todo) empty) the module's action returns it as RV(topology_json)
+      instead, unless the run has C(-v) or C(--diff) (docs/performance.md, "The converged result").
+  returned: success, unless RV(topology_json) is returned
   type: dict
+topology_json:
+  description:
+    - Added by the module's action on a host with nothing to do (RV(todo) empty), without C(-v) or C(--diff) -
+      the same topology facts as one compact JSON text, in place of RV(ansible_facts). That result also
+      leaves out RV(files), RV(inputs) and the arguments Ansible echoes (C(invocation)) - only a stage that runs
+      reads them, and ansible-playbook's main process handles every host's result in one process.
+  returned: on such hosts
+  type: str
 """
 
 import grp

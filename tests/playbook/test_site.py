@@ -74,10 +74,24 @@ def test_run_then_rerun_changes_nothing(playbook, tmp_path):
     assert second.rc == 0, second.stdout[-3000:]
     assert second.changed() == 0, [t["task"]["name"] for t in second.tasks() if t["hosts"]["localhost"].get("changed")]
     assert outputs(tmp_path) == snapshot
+    # The converged host's plan result is what the later plays and the report read, not kilobytes
+    # more (docs/performance.md, "The converged result"): no topology fact, no files, inputs or
+    # invocation; the same report (report.html above, and its text here) from the slimmer result.
+    slim = second.result("Plan the CPU pools")
+    assert not {"ansible_facts", "files", "inputs", "invocation"} & set(slim), sorted(slim)
+    assert (
+        json.loads(slim["topology_json"])["online"]
+        == first.result("Plan the CPU pools")["ansible_facts"]["cpupools"]["online"]
+    )
+    assert {"plan", "exports", "converged", "k8s_skip_reason"} <= set(slim)
+    assert len(json.dumps({k: v for k, v in slim.items() if k != "topology_json"})) < 6000
+    assert second.result("Print the fleet report")["msg"] == first.result("Print the fleet report")["msg"]
     check = site(playbook, tmp_path, "--check", "--diff")
     assert check.rc == 0
     assert check.changed() == 0
     assert outputs(tmp_path) == snapshot
+    # --diff (or -v) keeps the whole result.
+    assert {"ansible_facts", "files", "inputs"} <= set(check.result("Plan the CPU pools"))
 
 
 def test_bad_inventory_value_stops_before_any_change(playbook, tmp_path):

@@ -1,0 +1,128 @@
+# Copyright: the cpupools authors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Stdout callback of bench/fleet_bench.py: one JSON object at the end, and the main process's own CPU.
+
+It runs in ansible-playbook's main process (callbacks always do), so at the
+end of the run ``resource.getrusage(RUSAGE_SELF)`` is the CPU time of that
+process alone: the strategy, the results thread, the callbacks, the forking
+of workers; not the workers themselves (children). It prints, as one JSON
+object: per host the results (tasks, module executions, changed), the
+statistics, the main process's user and system CPU seconds, and with
+``CPUPOOLS_BENCH_SIZES=1`` the size of each task's result (its JSON) per
+task name, which costs the main process CPU of its own (keep it off when
+timing). It also keeps the wall time of each task (from its start to the
+next task's or play's). Only ansible-core is needed (the bench ran ``ansible.posix.json``
+before, which only the development set has).
+"""
+
+import json
+import os
+import resource
+import sys
+import time
+
+from ansible.plugins.callback import CallbackBase
+
+DOCUMENTATION = r"""
+name: bench_json
+type: stdout
+short_description: Counts, statistics and the main process's CPU of a run, as one JSON object (benchmarks only)
+description:
+  - Used by bench/fleet_bench.py; not part of the collection.
+"""
+
+#: Actions that run on the controller without executing a module.
+CONTROLLER_ACTIONS = frozenset(
+    {
+        "set_fact",
+        "assert",
+        "debug",
+        "group_by",
+        "meta",
+        "include_tasks",
+        "import_tasks",
+        "include_role",
+        "validate_argument_spec",
+        "add_host",
+    }
+)
+
+
+class CallbackModule(CallbackBase):
+    CALLBACK_VERSION = 2.0
+    CALLBACK_TYPE = "stdout"
+    CALLBACK_NAME = "bench_json"
+
+    def __init__(self):
+        super().__init__()
+        self._tasks = 0
+        self._modules = 0
+        self._failures = []
+        self._changed = {}
+        self._task_times = {}
+        self._current = None
+        self._sizes = {} if os.environ.get("CPUPOOLS_BENCH_SIZES") == "1" else None
+
+    def _count(self, result, failed=False):
+        self._tasks += 1
+        action = str(result.task.action).rpartition(".")[2]
+        if action not in CONTROLLER_ACTIONS:
+            self._modules += 1
+        if failed:
+            self._failures.append(f"{result.host.name}: {result.task.get_name()}: {result.result.get('msg', '')}")
+        if self._sizes is not None:
+            size = len(json.dumps(result.result, default=str))
+            entry = self._sizes.setdefault(result.task.get_name(), [0, 0])
+            entry[0] += 1
+            entry[1] += size
+
+    def _task_start(self, task):
+        now = time.monotonic()
+        if self._current is not None and self._current[0] is not None:
+            name, start = self._current
+            self._task_times[name] = self._task_times.get(name, 0.0) + now - start
+        self._current = (None if task is None or not hasattr(task, "action") else task.get_name(), now)
+
+    def v2_playbook_on_task_start(self, task, is_conditional):
+        self._task_start(task)
+
+    def v2_playbook_on_handler_task_start(self, task):
+        self._task_start(task)
+
+    def v2_playbook_on_play_start(self, play):
+        self._task_start(play)  # a play's start ends its previous play's last task
+
+    def v2_runner_on_ok(self, result):
+        self._count(result)
+        if result.result.get("changed"):
+            name = result.task.get_name()
+            self._changed[name] = self._changed.get(name, 0) + 1
+
+    def v2_runner_on_failed(self, result, ignore_errors=False):
+        self._count(result, failed=not ignore_errors)
+
+    def v2_runner_on_unreachable(self, result):
+        self._count(result, failed=True)
+
+    def v2_runner_on_skipped(self, result):
+        self._tasks += 1
+
+    def v2_playbook_on_stats(self, stats):
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        self._task_start(None)
+        hosts = sorted(stats.processed)
+        out = {
+            "main_cpu": {"user": usage.ru_utime, "system": usage.ru_stime},
+            "hosts": len(hosts),
+            "tasks": self._tasks,
+            "modules": self._modules,
+            "changed": sum(stats.summarize(host)["changed"] for host in hosts),
+            "changed_tasks": self._changed,
+            "task_seconds": {name: round(seconds, 3) for name, seconds in self._task_times.items()},
+            "failures": self._failures,
+            "stats": {host: stats.summarize(host) for host in hosts},
+        }
+        if self._sizes is not None:
+            out["sizes"] = {name: {"results": n, "bytes": b} for name, (n, b) in self._sizes.items()}
+        sys.stdout.write("\n" + json.dumps(out) + "\n")
+        sys.stdout.flush()
