@@ -8,7 +8,8 @@ The host joins ``cpupools_converged_<stage>`` for every converged stage,
 stage plays exclude those groups; docs/performance.md). The strategy adds
 the groups as it does for ``group_by``: no task of its own per host.
 
-On a host with nothing to do (every stage with a check converged) it slims
+With ``slim`` (set by playbooks/plan.yml, whose stage plays leave converged
+hosts out), on a host with nothing to do (every stage with a check converged) it slims
 the result that goes back to ansible-playbook's main process, which handles
 every host's result in one process (docs/performance.md, "The converged
 result"): the topology is returned as ``topology_json``, its facts as one
@@ -22,6 +23,7 @@ gets the whole result.
 
 import json
 
+from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 from ansible_collections.cpupools.cpupools.plugins.plugin_utils.inputs import host_inputs, run_plan_module
@@ -67,4 +69,6 @@ class ActionModule(ActionBase):
         result.update(run_plan_module(self, "cpupools.cpupools.cpupools_converged", args, task_vars, prepare=True))
         if not result.get("failed"):
             result.update(groups(result))
-        return slim(result, Display().verbosity > 0 or bool(self._task.diff))
+        # a play that runs the stages on every host (reboot.yml, uninstall.yml, a user's own) keeps it whole
+        whole = not boolean(args.get("slim", False)) or Display().verbosity > 0 or bool(self._task.diff)
+        return slim(result, whole)

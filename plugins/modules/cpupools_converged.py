@@ -54,6 +54,16 @@ options:
     description: Exit status of that build; not 0 means no build to compare with.
     type: int
     default: 0
+  slim:
+    description:
+      - On a host with nothing to do (RV(todo) empty), return the topology as RV(topology_json) and
+        leave out RV(files), RV(inputs) and C(invocation), which only a stage that runs reads
+        (docs/performance.md, "The converged result"). C(-v) and C(--diff) keep the whole result.
+      - Only for a play whose stage plays leave the converged hosts out, as site.yml's do
+        (C(playbooks/plan.yml) sets it); a playbook that runs a stage on every host (C(reboot.yml),
+        C(uninstall.yml), a playbook of your own that applies the roles in turn) needs the whole result.
+    type: bool
+    default: false
 attributes:
   check_mode:
     support: full
@@ -143,16 +153,17 @@ code:
 ansible_facts:
   description:
     - The topology as C(cpupools), as M(cpupools.cpupools.cpupools_facts) returns it.
-    - On a host with nothing to do (RV(todo) empty) the module's action returns it as RV(topology_json)
-      instead, unless the run has C(-v) or C(--diff) (docs/performance.md, "The converged result").
+    - With O(slim), on a host with nothing to do (RV(todo) empty) the module's action returns it as
+      RV(topology_json) instead, unless the run has C(-v) or C(--diff) (docs/performance.md, "The converged result").
   returned: success, unless RV(topology_json) is returned
   type: dict
 topology_json:
   description:
-    - Added by the module's action on a host with nothing to do (RV(todo) empty), without C(-v) or C(--diff) -
-      the same topology facts as one compact JSON text, in place of RV(ansible_facts). That result also
-      leaves out RV(files), RV(inputs) and the arguments Ansible echoes (C(invocation)) - only a stage that runs
-      reads them, and ansible-playbook's main process handles every host's result in one process.
+    - Added by the module's action, with O(slim), on a host with nothing to do (RV(todo) empty),
+      without C(-v) or C(--diff) - the same topology facts as one compact JSON text, in place of
+      RV(ansible_facts). That result also leaves out RV(files), RV(inputs) and the arguments
+      Ansible echoes (C(invocation)) - only a stage that runs reads them, and ansible-playbook's
+      main process handles every host's result in one process.
   returned: on such hosts
   type: str
 """
@@ -197,6 +208,7 @@ ARGUMENT_SPEC = {
     "compare": {"type": "bool", "default": True},
     "build": {"type": "str"},
     "build_rc": {"type": "int", "default": 0},
+    "slim": {"type": "bool", "default": False},
 }
 
 

@@ -566,6 +566,7 @@ INTERNAL = frozenset(
         "plan_agent_build",
         "plan_kubelet_lines",
         "plan_exports",
+        "plan_host",
         "kernel_exports",
         "reboot_required",
         "pending_kernel_args",
