@@ -21,6 +21,8 @@ import os
 import stat
 import tempfile
 
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.inputs import nearest_existing
+
 #: The collection's directory (the checkout's root, through collections/'s symbolic link).
 COLLECTION_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
 VARIABLE = "cpupools_work_dir"
@@ -32,12 +34,7 @@ def obstacle(path):
     A directory that does not exist yet is fine when its nearest existing
     parent is a directory the user may write into (it is created there).
     """
-    probe = os.path.abspath(path)
-    while not os.path.lexists(probe):
-        parent = os.path.dirname(probe)
-        if parent == probe:
-            break
-        probe = parent
+    probe = nearest_existing(path)
     where = "" if probe == path else f" ({probe} is in its way)"
     if not os.path.isdir(probe):
         return f"{path!r} is not a directory{where}"

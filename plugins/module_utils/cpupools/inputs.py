@@ -709,6 +709,17 @@ def validate_inputs(raw: Mapping[str, object], possible_cpus: int | None = None)
     return Inputs(values, warnings)
 
 
+def nearest_existing(path: str) -> str:
+    """``path`` made absolute, or its nearest parent that exists (``/`` at the last): where it would be created."""
+    probe = os.path.abspath(path)
+    while not os.path.lexists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    return probe
+
+
 def check_root(path: str, field: str = "root") -> None:
     """Refuse a root the node's files cannot be written under (a file, or not writable).
 
@@ -718,12 +729,7 @@ def check_root(path: str, field: str = "root") -> None:
     looks for it on the node.
     """
     shown = show(os.path.normpath(path), width=PATH_MAX)
-    probe = os.path.abspath(path)
-    while not os.path.lexists(probe):
-        parent = os.path.dirname(probe)
-        if parent == probe:
-            break
-        probe = parent
+    probe = nearest_existing(path)
     if not os.path.isdir(probe):
         what = "" if probe == os.path.abspath(path) else f" ({probe} is in its way)"
         raise InputError(f"{shown} is not a directory{what}", field)
