@@ -55,8 +55,8 @@ options:
       - Where to write the HTML report (parent directories are created).
         Empty or unset writes no file.
       - Written atomically, and only when its content changes.
-      - A machine-readable JSON is written beside it, the same way: the
-        name with C(.html) replaced by C(.json) (C(.json) appended to any
+      - A machine-readable JSON is written beside it, the same way, its
+        name the page's with C(.html) replaced by C(.json) (C(.json) appended to any
         other name). It holds per host the status, drift, warnings, a plan
         summary and the last verify result (docs/report.md).
     type: path
