@@ -1,7 +1,8 @@
 """verify: each check on a /proc and /sys tree laid out as a running kernel lays them out, oslat's real output.
 
 The tree (tests/fixtures/procfs.py) is a 6-CPU node: CPUs 0-1 housekeeping, 2
-shared, 3-5 exclusive, 2-5 isolated; a quiet baseline, then one fault per test.
+shared, 3-5 exclusive, 2-5 isolated; a quiet baseline (``quiet_kernel``), then
+one fault per test.
 """
 
 from __future__ import annotations
@@ -24,64 +25,21 @@ from cpupools.verify import (
     verify,
 )
 from helpers import REPO
-from procfs import KTHREAD_FLAGS, PERCPU_KTHREAD_FLAGS, Irq, Kernel, Task, write, write_kernel
+from procfs import (
+    EXPECTED,
+    KTHREAD_FLAGS,
+    PLAN,
+    Irq,
+    Kernel,
+    Task,
+    interrupts_text,
+    quiet_kernel,
+    write,
+    write_cmk_state,
+    write_kernel,
+)
 
 OSLAT = REPO / "tests" / "fixtures" / "verify"
-PLAN = {
-    "mode": "compute",
-    "runtime": "cmk",
-    "isolated_cpus": "2-5",
-    "housekeeping_cpus": "0-1",
-    "pool_cpus": {"infra": "0-1", "shared": "2", "exclusive": "3-5"},
-    "exclusive_pools": ["exclusive"],
-}
-EXPECTED = {"isolcpus": "managed_irq,domain,2-5", "nohz_full": "2-5", "rcu_nocbs": "2-5", "irqaffinity": "0-1"}
-
-
-def quiet_kernel() -> Kernel:
-    """What a node that follows the plan shows: one managed IRQ kept on CPU 3, a workload held by CMK on CPU 3."""
-    tasks = [
-        Task(1, "systemd", [0, 1], 0, ppid=0),
-        Task(2, "kthreadd", [0, 1], 1, ppid=0, flags=KTHREAD_FLAGS),
-        Task(30, "ksoftirqd/3", [3], 3, ppid=2, flags=PERCPU_KTHREAD_FLAGS),
-        Task(31, "cpuhp/4", [4], 4, ppid=2, flags=KTHREAD_FLAGS),  # one CPU: per-CPU without the flag
-        Task(45, "kswapd0", [0, 1], 0, ppid=2, flags=KTHREAD_FLAGS),
-        Task(60, "kworker/u12:1-events_unbound", [0, 1], 1, ppid=2, flags=PERCPU_KTHREAD_FLAGS),
-    ]
-    tasks += [Task(70 + c, f"rcuop/{c}", [0, 1], 1, ppid=2, flags=KTHREAD_FLAGS) for c in range(2, 6)]
-    tasks.append(Task(80, "rcuog/2", [0, 1], 0, ppid=2, flags=KTHREAD_FLAGS))
-    # The workload: cmk isolate (pid 100, recorded in CMK's state for CPU 3) and its child with a thread.
-    tasks.append(Task(100, "cmk", [3], 3, ppid=1))
-    tasks.append(Task(101, "my-app", [3], 3, ppid=100, threads=[Task(102, "my-app-io", [3], 3)]))
-    tasks.append(Task(200, "sshd", [0, 1], 0, ppid=1))
-    return Kernel(
-        cpus=6,
-        cmdline="BOOT_IMAGE=/vmlinuz-6.1.0-28-amd64 root=UUID=1 ro isolcpus=managed_irq,domain,2-5 "
-        "nohz_full=2-5 rcu_nocbs=2-5 irqaffinity=0-1 quiet",
-        isolated="2-5",
-        nohz_full="2-5",
-        workqueue=[0, 1],
-        workqueues={"writeback": [0, 1], "blkcg_punt_bio": [0, 1]},
-        default_affinity=[0, 1],
-        irqs=[
-            Irq(4, "ttyS0", [0, 1], [0], {0: 14}, managed=False, chip="IO-APIC", hwirq="4-edge"),
-            Irq(36, "virtio1-req.0", [3], [3], {3: 1200}, managed=True),
-            Irq(37, "virtio1-req.1", [0, 1], [1], {1: 1200}, managed=True),
-        ],
-        tasks=tasks,
-        per_cpu_rows={"LOC": {0: 3000, 1: 2900, 2: 10, 3: 10, 4: 10, 5: 10}},
-    )
-
-
-def write_cmk_state(root: Path, lists: dict[str, str]) -> None:
-    """CMK v1.4's layout: pools/<pool>/exclusive, pools/<pool>/<socket>/<cpulist>/tasks."""
-    write(root, "etc/cmk/pools/exclusive/exclusive", "1")
-    write(root, "etc/cmk/pools/shared/exclusive", "0")
-    write(root, "etc/cmk/pools/shared/0/2/tasks", "")
-    write(root, "etc/cmk/pools/infra/exclusive", "0")
-    write(root, "etc/cmk/pools/infra/0/0,1/tasks", "")
-    for cpus, tasks in lists.items():
-        write(root, f"etc/cmk/pools/exclusive/0/{cpus}/tasks", tasks)
 
 
 def run_verify(tmp_path: Path, kernel: Kernel, cmk: dict | None = None, **kw) -> dict:
@@ -180,7 +138,7 @@ def test_device_interrupts_that_fire_on_an_isolated_cpu(tmp_path):
         kernel.irqs[1].counts[3] += 7
         kernel.per_cpu_rows["LOC"][3] += 100
         kernel.per_cpu_rows["LOC"][0] += 1000
-        write(root, "proc/interrupts", __import__("procfs").interrupts_text(kernel))
+        write(root, "proc/interrupts", interrupts_text(kernel))
 
     result = run_verify(tmp_path, kernel, pause=later)
     assert result["interrupts"]["grown"] == {"3": {"IRQ 36 virtio1-req.0": 7, "LOC": 100}}

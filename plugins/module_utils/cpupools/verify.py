@@ -848,7 +848,7 @@ def parse_oslat_text(text: str) -> dict[int, dict]:
         words = rest.replace("(us)", "").replace("(sec)", "").replace("(Mhz)", "").split()
         if head == "Core":
             cpus = [int(w) for w in words]
-            histograms = [{} for _ in cpus]
+            histograms = [{} for cpu in cpus]
         elif head.endswith("(us)") and head[:-4].strip().isdigit():
             key = int(head[:-4])
             if "(including overflows)" in rest:
@@ -936,7 +936,7 @@ def measure_latency(
     if main_cpu is None:
         section["skipped"] = "no housekeeping CPU for oslat's main thread"
         return section, findings
-    tool = which(tool_name) or which(os.path.join("/usr/bin", tool_name))
+    tool = which(tool_name)
     if check_mode:
         caps = {"json": True, "zero_omit": True, "bucket_size": True}
         argv = oslat_argv(tool or tool_name, measured, main_cpu, duration, caps, "<result.json>")
@@ -952,7 +952,7 @@ def measure_latency(
         return section, findings
     rc, out, err = run([tool, "--help"])
     caps = oslat_capabilities(out + err)
-    _, out_v, err_v = run([tool, "--version"])
+    out_v, err_v = run([tool, "--version"])[1:]
     section["version"] = parse_oslat_version(out_v + err_v) or parse_oslat_version(out + err)
     workdir = tempfile.mkdtemp(prefix="cpupools-oslat-")
     json_path = os.path.join(workdir, "oslat.json")
@@ -981,6 +981,11 @@ def measure_latency(
         return section, findings
     section["cpus"] = {str(cpu): figures[cpu] for cpu in sorted(figures)}
     return section, findings
+
+
+def _which(name: str) -> str | None:
+    path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/bin", "/usr/sbin"])
+    return shutil.which(name, path=path)
 
 
 def check_latency(section: dict, judged: set[int]) -> list[dict]:
@@ -1054,12 +1059,14 @@ def verify(
     run: Callable[[list[str]], tuple[int, str, str]] | None = None,
     pause: Callable[[], None] | None = None,
     now: float | None = None,
+    which: Callable[[str], str | None] | None = None,
 ) -> dict:
     """Every check; the result of the contract (JSON-serialisable).
 
-    ``run(argv) -> (rc, stdout, stderr)`` runs oslat; ``pause()`` is what happens
-    between the two samples of ``/proc/interrupts`` when no latency run separates
-    them (one second's sleep).
+    ``run(argv) -> (rc, stdout, stderr)`` runs oslat, found by ``which(name)``
+    (``shutil.which`` with ``/usr/bin`` and ``/usr/sbin`` added to ``PATH``);
+    ``pause()`` is what happens between the two samples of ``/proc/interrupts``
+    when no latency run separates them (one second's sleep).
     """
     if not isinstance(plan, dict) or "isolated_cpus" not in plan:
         raise VerifyError("plan must be the host's cpupools_plan (it has no isolated_cpus)")
@@ -1130,7 +1137,7 @@ def verify(
                 f"CPU {_list(left_out)} not measured: held by a workload (a measurement would disturb it)",
             )
         )
-    latency_section, found = measure_latency(settings, measured, main_cpu, check_mode, run)
+    latency_section, found = measure_latency(settings, measured, main_cpu, check_mode, run, which or _which)
     findings += found
     findings += check_latency(latency_section, isolated)
     latency_section["left_out"] = format_cpulist(left_out)
@@ -1138,7 +1145,7 @@ def verify(
     if latency_section["cpus"] == {} or check_mode or not settings.get("enabled"):
         (pause or (lambda: time.sleep(1.0)))()
     seconds = time.monotonic() - started
-    _, after = parse_interrupts(facts.read("proc/interrupts") or "")
+    after = parse_interrupts(facts.read("proc/interrupts") or "")[1]
     grown = interrupt_growth(before, after, isolated)
     findings += check_interrupt_growth(grown, seconds)
 
