@@ -94,10 +94,15 @@ def test_unmanaged_irq_on_an_isolated_cpu_fails(tmp_path):
     kernel.irqs.append(Irq(40, "virtio3-tx", [0, 1, 2, 3, 4, 5], [4], managed=False))
     # No effective_affinity_list (older chips): smp_affinity_list stands in.
     kernel.irqs.append(Irq(41, "eth0", [5], None, managed=False, chip="IO-APIC", hwirq="11-fasteoi"))
+    root = write_kernel(tmp_path / "node", kernel)
+    # An IRQ without a handler (no action directory, no /proc/interrupts row) never fires.
+    write(root, "proc/irq/9/smp_affinity_list", "0-5\n")
+    write(root, "proc/irq/9/effective_affinity_list", "2\n")
     result = run_verify(tmp_path, kernel)
     assert result["ok"] is False
     fails = by_check(result, "irq", "fail")
-    assert [f["cpus"] for f in fails] == ["4", "5"]
+    assert [f["cpus"] for f in fails] == ["4", "5"]  # not IRQ 9, which has no handler
+    assert [irq["irq"] for irq in result["irqs"]] == ["36", "40", "41"]
     assert fails[0]["message"] == "IRQ 40 (virtio3-tx) is effective on isolated CPU 4 (affinity 0-5); not managed"
     assert result["per_cpu"]["4"]["quiet"] is False and "IRQ 40 virtio3-tx" in result["per_cpu"]["4"]["found"]
     assert result["per_cpu"]["3"]["quiet"] is True  # the managed one stays info
@@ -207,9 +212,10 @@ def test_kernel_threads_that_could_move(tmp_path):
     kernel.tasks.append(Task(47, "khugepaged", [0, 1, 2, 3, 4, 5], 0, ppid=2, flags=KTHREAD_FLAGS))
     result = run_verify(tmp_path, kernel)
     assert result["kthreads"] == [
-        {"pid": 46, "comm": "kcompactd0", "allowed": "0-5"},
-        {"pid": 47, "comm": "khugepaged", "allowed": "0-5"},
+        {"pid": 46, "comm": "kcompactd0", "allowed": "0-5", "cpu": 4},
+        {"pid": 47, "comm": "khugepaged", "allowed": "0-5", "cpu": 0},
     ]
+    assert "kernel thread 46 (kcompactd0)" in result["per_cpu"]["4"]["found"]
     (fail,) = by_check(result, "kthread", "fail")
     assert fail["cpus"] == "4" and "last ran on CPU 4" in fail["message"]
     (warn,) = by_check(result, "kthread", "warn")
@@ -231,7 +237,7 @@ def test_rcu_offload_that_differs_from_rcu_nocbs(tmp_path):
     assert "no rcuo thread for CPU 4-5" in fail["message"] and "unplanned CPU 0" in fail["message"]
     (warn,) = by_check(result, "rcu", "warn")
     assert "rcuog/2" in warn["message"] and warn["cpus"] == "2-5"
-    assert result["rcu"]["threads_on_isolated"] == [{"pid": 80, "comm": "rcuog/2", "allowed": "0-5"}]
+    assert result["rcu"]["threads_on_isolated"] == [{"pid": 80, "comm": "rcuog/2", "allowed": "0-5", "cpu": 0}]
     assert by_check(result, "kthread") == []  # rcuo threads are the rcu check's
 
 
@@ -291,7 +297,8 @@ def test_what_cmk_holds_against_what_runs(tmp_path):
     kernel.tasks.append(Task(300, "dpdk-app", [5], 5, ppid=1))  # pinned to 5, CMK does not record it
     result = run_verify(tmp_path, kernel, cmk={"3": "100", "4": "999", "5": ""})  # pid 999 is dead
     assert result["cmk"]["stale"] == [{"pool": "exclusive", "cpus": "4", "pids": [999]}]
-    assert result["cmk"]["unrecorded"] == [{"pid": 300, "tgid": 300, "comm": "dpdk-app", "allowed": "5"}]
+    assert result["cmk"]["unrecorded"] == [{"pid": 300, "tgid": 300, "comm": "dpdk-app", "allowed": "5", "cpu": 5}]
+    assert "pid 300 (dpdk-app)" in result["per_cpu"]["5"]["found"]
     (stale,) = by_check(result, "cmk", "warn")
     assert stale["cpus"] == "4" and "pid 999, which no longer runs" in stale["message"]
     (unrecorded,) = by_check(result, "cmk", "fail")

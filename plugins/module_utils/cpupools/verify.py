@@ -189,7 +189,7 @@ def parse_task_stat(text: str) -> dict:
 
 
 def read_irqs(facts: Facts, actions: Mapping[str, str] | None = None) -> list[dict]:
-    """Every ``/proc/irq/N``: effective CPUs, affinity, action names, managed or not.
+    """Every ``/proc/irq/N`` with a handler: effective CPUs, affinity, action names, managed or not.
 
     ``managed`` is read from debugfs when it is readable (``managed_how`` "debugfs"),
     else inferred (``managed_how`` says so) or ``None`` when nothing suggests it.
@@ -213,9 +213,11 @@ def read_irqs(facts: Facts, actions: Mapping[str, str] | None = None) -> list[di
             effective = _cpus(effective_text) if effective_text is not None else affinity
         except CpulistError:
             continue
-        label = actions.get(name) or ",".join(
+        label = actions.get(name) or ", ".join(
             entry for entry in facts.listdir(base) if os.path.isdir(facts.path(f"{base}/{entry}"))
         )
+        if actions and name not in actions and not label:
+            continue  # no handler: /proc/interrupts leaves it out, and it never fires
         managed: bool | None = None
         how: str | None = None
         dump = facts.read(f"sys/kernel/debug/irq/irqs/{name}") if debugfs_ok else None
@@ -510,7 +512,14 @@ def check_kthreads(tasks: list[dict], isolated: set[int]) -> tuple[list, list]:
         if not on:
             continue
         ran = task["processor"] in isolated
-        listed.append({"pid": task["pid"], "comm": task["comm"], "allowed": format_cpulist(task["allowed"])})
+        listed.append(
+            {
+                "pid": task["pid"],
+                "comm": task["comm"],
+                "allowed": format_cpulist(task["allowed"]),
+                "cpu": task["processor"],
+            }
+        )
         message = f"kernel thread {task['pid']} ({task['comm']}) is allowed on isolated CPU {_list(on)}"
         if ran:
             message += f" and last ran on CPU {task['processor']}"
@@ -535,7 +544,14 @@ def check_rcu(tasks: list[dict], expected: list[int] | None, isolated: set[int])
         on = _movable_on(task, isolated)
         if on:
             ran = task["processor"] in isolated
-            threads.append({"pid": task["pid"], "comm": task["comm"], "allowed": format_cpulist(task["allowed"])})
+            threads.append(
+                {
+                    "pid": task["pid"],
+                    "comm": task["comm"],
+                    "allowed": format_cpulist(task["allowed"]),
+                    "cpu": task["processor"],
+                }
+            )
             message = f"RCU offload thread {task['comm']} (pid {task['pid']}) is allowed on isolated CPU {_list(on)}"
             if ran:
                 message += f" and last ran on CPU {task['processor']}"
@@ -686,7 +702,13 @@ def check_processes(
         pinned = bool(allowed) and allowed <= exclusive
         if pinned and not set(held_here) >= allowed:
             unrecorded.append(
-                {"pid": task["pid"], "tgid": task["tgid"], "comm": task["comm"], "allowed": format_cpulist(allowed)}
+                {
+                    "pid": task["pid"],
+                    "tgid": task["tgid"],
+                    "comm": task["comm"],
+                    "allowed": format_cpulist(allowed),
+                    "cpu": cpu,
+                }
             )
             record = "CMK's state" if runtime == "cmk" else "the kubelet's cpu_manager_state"
             findings.append(
@@ -1159,6 +1181,10 @@ def verify(
         named = [f for f in findings if cpu in set(parse_cpulist(f["cpus"]))]
         seen = [f"IRQ {i['irq']} {i['name']}".rstrip() for i in irqs if cpu in parse_cpulist(i["effective"])]
         seen += [f"pid {p['pid']} ({p['comm']})" for p in processes if p["cpu"] == cpu]
+        seen += [f"pid {p['pid']} ({p['comm']})" for p in cmk["unrecorded"] if p["cpu"] == cpu]
+        seen += [
+            f"kernel thread {k['pid']} ({k['comm']})" for k in kthreads + rcu["threads_on_isolated"] if k["cpu"] == cpu
+        ]
         seen += [f"{s} +{n}" for s, n in sorted(grown.get(cpu, {}).items())]
         figures = latency_section["cpus"].get(str(cpu))
         per_cpu[str(cpu)] = {
