@@ -225,8 +225,16 @@ def read_irqs(facts: Facts, actions: Mapping[str, str] | None = None) -> list[di
             managed, how = parse_debugfs_irq(dump), "debugfs"
         elif label and default_cpus is not None and affinity != default_cpus and QUEUE_NAME.search(label):
             # Without debugfs: a per-queue vector whose affinity is not the default
-            # (irqaffinity=) set was spread by the kernel: managed, as far as can be told.
-            managed, how = True, "per-queue vector (inferred)"
+            # (irqaffinity=) set, and that no driver hint put there (virtio-net and
+            # many NICs hint one CPU per queue without the kernel managing it), was
+            # spread by the kernel: managed, as far as can be told.
+            hint = facts.read(f"{base}/affinity_hint")
+            try:
+                hinted = bool(hint and parse_cpumask(hint))
+            except CpulistError:
+                hinted = True
+            if not hinted:
+                managed, how = True, "per-queue vector (inferred)"
         out.append(
             {
                 "irq": name,
