@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from cpupools.cpulist import parse_cpumask
+from cpupools.cpulist import format_cpulist, parse_cpulist, parse_cpumask
 from cpupools.errors import VerifyError
 from cpupools.verify import (
     latency_cpus,
@@ -40,6 +40,7 @@ from procfs import (
 )
 
 OSLAT = REPO / "tests" / "fixtures" / "verify"
+WORKQUEUE = Path("/sys/devices/virtual/workqueue/cpumask")
 
 
 def run_verify(tmp_path: Path, kernel: Kernel, cmk: dict | None = None, **kw) -> dict:
@@ -169,6 +170,36 @@ def test_parse_interrupts_of_this_machine():
             dirs = sorted(e for e in os.listdir(f"/proc/irq/{key}") if os.path.isdir(f"/proc/irq/{key}/{e}"))
             if dirs:
                 assert sorted(row["name"].split(", ")) == dirs, key
+
+
+def test_this_machines_proc_and_sys(tmp_path):
+    """The real /proc and /sys of the machine the tests run on, read as a node whose last CPU is isolated."""
+    last = (os.cpu_count() or 1) - 1
+    if last == 0:
+        pytest.skip("one CPU: nothing to isolate")
+    plan = {
+        "isolated_cpus": str(last),
+        "housekeeping_cpus": f"0-{last - 1}",
+        "pool_cpus": {"infra": f"0-{last - 1}", "exclusive": str(last)},
+        "exclusive_pools": ["exclusive"],
+        "runtime": "cmk",
+    }
+    result = verify(facts_root="/", root=str(tmp_path), plan=plan, pause=lambda: None)
+    json.dumps(result)
+    assert result["kernel"]["release"] == os.uname().release
+    for irq in result["irqs"]:  # exactly the IRQs with a handler delivered to the isolated CPU
+        assert last in parse_cpulist(irq["effective"]) and irq["name"]
+    listed = {irq["irq"] for irq in result["irqs"]}
+    for number in filter(str.isdigit, os.listdir("/proc/irq")):
+        effective = Path(f"/proc/irq/{number}/effective_affinity_list")
+        handled = any(Path(f"/proc/irq/{number}", e).is_dir() for e in os.listdir(f"/proc/irq/{number}"))
+        if effective.exists() and handled and last in parse_cpulist(effective.read_text()):
+            assert number in listed
+    for stray in result["processes"]:
+        assert stray["cpu"] == last and stray["why"] == f"ran on exclusive CPU {last}, not held"
+    assert set(result["per_cpu"]) == {str(last)}
+    if WORKQUEUE.exists():
+        assert result["workqueue"]["cpumask"] == format_cpulist(parse_cpumask(WORKQUEUE.read_text()))
 
 
 def test_parse_interrupts_arm64_row():
