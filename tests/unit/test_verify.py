@@ -36,6 +36,7 @@ from procfs import (
     quiet_kernel,
     write,
     write_cmk_state,
+    write_dump,
     write_kernel,
 )
 
@@ -244,18 +245,32 @@ def test_kernel_threads_that_could_move(tmp_path):
     kernel = quiet_kernel()
     kernel.tasks.append(Task(46, "kcompactd0", [0, 1, 2, 3, 4, 5], 4, ppid=2, flags=KTHREAD_FLAGS))
     kernel.tasks.append(Task(47, "khugepaged", [0, 1, 2, 3, 4, 5], 0, ppid=2, flags=KTHREAD_FLAGS))
+    kernel.tasks.append(Task(48, "kauditd", [0, 1, 5], 1, ppid=2, flags=KTHREAD_FLAGS))
     result = run_verify(tmp_path, kernel)
     assert result["kthreads"] == [
         {"pid": 46, "comm": "kcompactd0", "allowed": "0-5", "cpu": 4},
         {"pid": 47, "comm": "khugepaged", "allowed": "0-5", "cpu": 0},
+        {"pid": 48, "comm": "kauditd", "allowed": "0-1,5", "cpu": 1},
     ]
     assert "kernel thread 46 (kcompactd0)" in result["per_cpu"]["4"]["found"]
     (fail,) = by_check(result, "kthread", "fail")
-    assert fail["cpus"] == "4" and "last ran on CPU 4" in fail["message"]
-    (warn,) = by_check(result, "kthread", "warn")
-    assert warn["cpus"] == "2-5"
+    assert fail["cpus"] == "4"
+    assert fail["message"] == "kernel thread 46 (kcompactd0) last ran on isolated CPU 4 (allowed 0-5)"
+    # The others have not run there, and isolcpus=domain keeps the scheduler from moving them there.
+    (info,) = by_check(result, "kthread", "info")
+    assert info["cpus"] == "2-5" and info["message"].startswith(
+        "2 kernel threads allowed on isolated CPU 2-5 may be moved there (khugepaged, kauditd); "
+        "the scheduler keeps them off"
+    )
+    assert by_check(result, "kthread", "warn") == []
     # Per-CPU kthreads (ksoftirqd/3, cpuhp/4) are never listed, nor counted as strays.
     assert result["processes"] == []
+    # CPUs 4-5 only tickless, not out of the scheduler's domains: it may put them there.
+    kernel.isolated = "2-3"
+    again = run_verify(tmp_path / "again", kernel)
+    (warn,) = by_check(again, "kthread", "warn")
+    assert warn["cpus"] == "2-5" and "khugepaged, kauditd" in warn["message"]
+    assert again["per_cpu"]["5"]["quiet"] is False
 
 
 def test_rcu_offload_that_differs_from_rcu_nocbs(tmp_path):
@@ -263,16 +278,29 @@ def test_rcu_offload_that_differs_from_rcu_nocbs(tmp_path):
     kernel.tasks = [t for t in kernel.tasks if t.comm not in ("rcuop/4", "rcuop/5")]
     kernel.tasks.append(Task(90, "rcuop/0", [0, 1], 0, ppid=2, flags=KTHREAD_FLAGS))
     kernel.tasks = [t for t in kernel.tasks if t.comm != "rcuog/2"]
-    kernel.tasks.append(Task(80, "rcuog/2", [0, 1, 2, 3, 4, 5], 0, ppid=2, flags=KTHREAD_FLAGS))
+    kernel.tasks.append(Task(80, "rcuog/2", [0, 1, 2, 3, 4, 5], 3, ppid=2, flags=KTHREAD_FLAGS))
     result = run_verify(tmp_path, kernel)
     assert result["rcu"]["offloaded"] == "0,2-3" and result["rcu"]["expected"] == "2-5"
-    (fail,) = by_check(result, "rcu", "fail")
-    assert fail["cpus"] == "0,4-5"
-    assert "no rcuo thread for CPU 4-5" in fail["message"] and "unplanned CPU 0" in fail["message"]
-    (warn,) = by_check(result, "rcu", "warn")
-    assert "rcuog/2" in warn["message"] and warn["cpus"] == "2-5"
-    assert result["rcu"]["threads_on_isolated"] == [{"pid": 80, "comm": "rcuog/2", "allowed": "0-5", "cpu": 0}]
+    assert result["rcu"]["offloaded_from"] == "rcuo threads"
+    fails = by_check(result, "rcu", "fail")
+    assert [f["cpus"] for f in fails] == ["0,4-5", "3"]
+    assert "not offloaded: CPU 4-5" in fails[0]["message"] and "without a plan: CPU 0" in fails[0]["message"]
+    assert fails[1]["message"] == "RCU offload thread 80 (rcuog/2) last ran on isolated CPU 3 (allowed 0-5)"
+    assert result["rcu"]["threads_on_isolated"] == [{"pid": 80, "comm": "rcuog/2", "allowed": "0-5", "cpu": 3}]
     assert by_check(result, "kthread") == []  # rcuo threads are the rcu check's
+
+
+def test_rcu_threads_on_every_cpu(tmp_path):
+    """Linux >= 5.17 starts rcuop/N on every possible CPU when rcu_nocbs= is given (the Debian 6.1
+    guest shows rcuop/0-7 with rcu_nocbs=2-3): offload is read from the running command line."""
+    kernel = quiet_kernel()
+    kernel.tasks += [Task(70 + c, f"rcuop/{c}", [0, 1], 1, ppid=2, flags=KTHREAD_FLAGS) for c in (0, 1)]
+    result = run_verify(tmp_path, kernel)
+    assert result["rcu"]["threads"] == "0-5" and result["rcu"]["offloaded"] == "2-5"
+    assert result["rcu"]["offloaded_from"].startswith("command line") and result["rcu"]["ok"]
+    kernel.cmdline = kernel.cmdline.replace("rcu_nocbs=2-5", "rcu_nocbs=2-3").replace("nohz_full=2-5", "nohz_full=2")
+    (fail,) = by_check(run_verify(tmp_path / "again", kernel), "rcu", "fail")
+    assert fail["cpus"] == "4-5" and "read from the command line" in fail["message"]
 
 
 def test_rcu_not_planned(tmp_path):
@@ -368,6 +396,48 @@ def test_bad_inputs_are_refused(tmp_path):
         verify(facts_root=str(root), plan=PLAN, fail_on=["irqs"])
     with pytest.raises(VerifyError, match=r"latency\.cpus"):
         verify(facts_root=str(root), plan=PLAN, latency={"enabled": True, "cpus": "4-2"}, pause=lambda: None)
+
+
+def test_the_debian_guest_after_reboot(tmp_path):
+    """What the real Debian 6.1 guest showed after site.yml and reboot.yml (tests/guest, H2's dump,
+    tests/fixtures/verify/debian-6.1-guest-kernel-state.txt): 8 CPUs, exclusive 2-3 (nohz_full),
+    shared 6-7, housekeeping 0-1,4-5; no debugfs IRQ directory (Debian builds without
+    CONFIG_GENERIC_IRQ_DEBUGFS); rcuop/0-7 with rcu_nocbs=2-3."""
+    root = write_dump(tmp_path / "guest", (OSLAT / "debian-6.1-guest-kernel-state.txt").read_text())
+    write_cmk_state(root, {"2,3": ""})
+    plan = {
+        "isolated_cpus": "2-3,6-7",
+        "housekeeping_cpus": "0-1,4-5",
+        "pool_cpus": {"infra": "0-1,4-5", "exclusive": "2-3", "shared": "6-7"},
+        "exclusive_pools": ["exclusive"],
+        "runtime": "cmk",
+    }
+    expected = {"isolcpus": "managed_irq,domain,2-3,6-7", "nohz_full": "2-3", "rcu_nocbs": "2-3"}
+    result = verify(facts_root=str(root), root=str(root), plan=plan, expected_args=expected, pause=lambda: None)
+    assert result["ok"] is True
+    assert [f for f in result["findings"] if f["severity"] != "info"] == []
+    # Exactly the four virtio-blk request vectors of CPUs 2, 3, 6 and 7 stay there: managed.
+    assert [(i["irq"], i["name"], i["effective"], i["managed"]) for i in result["irqs"]] == [
+        ("27", "virtio1-req.2", "6", True),
+        ("28", "virtio1-req.3", "7", True),
+        ("31", "virtio1-req.6", "2", True),
+        ("32", "virtio1-req.7", "3", True),
+    ]
+    assert {i["managed_how"] for i in result["irqs"]} == {"per-queue vector (inferred)"}
+    moved = [f for f in by_check(result, "irq") if "may be moved" in f["message"]]
+    assert [f["cpus"] for f in moved] == ["2-3,6-7"]
+    assert "34 (virtio0-input.0), 35 (virtio0-output.0)" in moved[0]["message"]
+    assert result["workqueue"]["cpumask"] == "0-1,4-5" and result["workqueue"]["ok"]
+    assert result["rcu"]["threads"] == "0-7" and result["rcu"]["offloaded"] == "2-3" and result["rcu"]["ok"]
+    assert result["nohz"] == {
+        "expected": "2-3",
+        "active": "2-3",
+        "isolated_expected": "2-3,6-7",
+        "isolated_active": "2-3,6-7",
+        "ok": True,
+    }
+    assert result["processes"] == [] and result["kernel"]["release"] == "6.1.0-56-amd64"
+    assert all(row["quiet"] for row in result["per_cpu"].values())
 
 
 # oslat ---------------------------------------------------------------------------------

@@ -374,9 +374,12 @@ def check_irqs(irqs: list[dict], isolated: set[int], housekeeping: set[int], man
     """IRQs effective on an isolated CPU: unmanaged ones fail; managed ones are info
     (warn when ``isolcpus=managed_irq`` should have kept them on a housekeeping CPU of their mask)."""
     listed, findings = [], []
+    movable = []
     for irq in irqs:
         on = sorted(set(irq["effective"]) & isolated)
         if not on:
+            if set(irq["affinity"]) & isolated and not irq["managed"]:
+                movable.append(irq)
             continue
         label = f"IRQ {irq['irq']}" + (f" ({irq['name']})" if irq["name"] else "")
         where = f"effective on isolated CPU {_list(on)} (affinity {_list(irq['affinity'])})"
@@ -410,6 +413,20 @@ def check_irqs(irqs: list[dict], isolated: set[int], housekeeping: set[int], man
                 "managed": irq["managed"],
                 "managed_how": irq["managed_how"],
             }
+        )
+    if movable:
+        cpus = sorted({cpu for irq in movable for cpu in irq["affinity"] if cpu in isolated})
+        names = ", ".join(f"{irq['irq']} ({irq['name']})" for irq in movable[:8])
+        more = f" and {len(movable) - 8} more" if len(movable) > 8 else ""
+        findings.append(
+            _finding(
+                "irq",
+                "info",
+                cpus,
+                f"{len(movable)} IRQ{'s' if len(movable) != 1 else ''} delivered to housekeeping CPUs "
+                f"may be moved to isolated CPU {_list(cpus)} (their affinity allows it): {names}{more}",
+                irqs=[irq["irq"] for irq in movable],
+            )
         )
     return listed, findings
 
@@ -510,60 +527,107 @@ def _movable_on(task: dict, isolated: set[int]) -> list[int]:
     return sorted(set(task["allowed"] or ()) & isolated)
 
 
-def check_kthreads(tasks: list[dict], isolated: set[int]) -> tuple[list, list]:
-    """Kernel threads that may be moved (not per-CPU) and are allowed on isolated CPUs (rcuo* are RCU's)."""
-    listed, findings = [], []
-    for task in tasks:
-        if not _is_kthread(task) or _per_cpu_bound(task) or RCU_THREAD.match(task["comm"]):
-            continue
-        on = _movable_on(task, isolated)
-        if not on:
-            continue
-        ran = task["processor"] in isolated
-        listed.append(
-            {
-                "pid": task["pid"],
-                "comm": task["comm"],
-                "allowed": format_cpulist(task["allowed"]),
-                "cpu": task["processor"],
-            }
-        )
-        message = f"kernel thread {task['pid']} ({task['comm']}) is allowed on isolated CPU {_list(on)}"
-        if ran:
-            message += f" and last ran on CPU {task['processor']}"
-        findings.append(
-            _finding("kthread", "fail" if ran else "warn", [task["processor"]] if ran else on, message, pid=task["pid"])
-        )
-    return listed, findings
+def _movable_findings(check: str, what: str, movable: list[dict], isolated: set[int], domain: set[int]) -> list:
+    """Findings for threads that may be moved and are allowed on isolated CPUs.
 
-
-def check_rcu(tasks: list[dict], expected: list[int] | None, isolated: set[int]) -> tuple[dict, list]:
-    """The CPUs with an ``rcuop``/``rcuos`` thread must be the planned ``rcu_nocbs``; every rcuo
-    thread must stay off the isolated CPUs (they run the offloaded callbacks on housekeeping)."""
-    offloaded: set[int] = set()
-    threads = []
+    One that last ran on an isolated CPU: fail, one finding each. The others are
+    grouped in one finding: info where every isolated CPU they are allowed on is
+    out of the scheduler's domains (``isolcpus=domain``: load balancing and
+    wake-up placement never move a task there), warn where one is not (only
+    ``nohz_full``, or no ``isolcpus``: the scheduler may put them there).
+    """
     findings = []
+    waiting: dict[str, list[dict]] = {"warn": [], "info": []}
+    for task in movable:
+        on = _movable_on(task, isolated)
+        if task["processor"] in isolated:
+            findings.append(
+                _finding(
+                    check,
+                    "fail",
+                    [task["processor"]],
+                    f"{what} {task['pid']} ({task['comm']}) last ran on isolated CPU {task['processor']} "
+                    f"(allowed {_list(task['allowed'])})",
+                    pid=task["pid"],
+                )
+            )
+        else:
+            waiting["info" if set(on) <= domain else "warn"].append(task)
+    for severity, tasks in waiting.items():
+        if not tasks:
+            continue
+        cpus = sorted({cpu for task in tasks for cpu in _movable_on(task, isolated)})
+        names = ", ".join(f"{t['comm']}" for t in tasks[:8]) + (f" and {len(tasks) - 8} more" if len(tasks) > 8 else "")
+        count = f"{len(tasks)} {what}{'s' if len(tasks) != 1 else ''}"
+        why = (
+            "the scheduler keeps them off CPUs isolcpus takes out of its domains"
+            if severity == "info"
+            else "they are not out of the scheduler's domains, so it may put them there"
+        )
+        findings.append(
+            _finding(
+                check,
+                severity,
+                cpus,
+                f"{count} allowed on isolated CPU {_list(cpus)} may be moved there ({names}); {why}",
+                pids=[t["pid"] for t in tasks],
+            )
+        )
+    return findings
+
+
+def _thread_entry(task: dict) -> dict:
+    return {
+        "pid": task["pid"],
+        "comm": task["comm"],
+        "allowed": format_cpulist(task["allowed"]),
+        "cpu": task["processor"],
+    }
+
+
+def check_kthreads(tasks: list[dict], isolated: set[int], domain: set[int]) -> tuple[list, list]:
+    """Kernel threads that may be moved (not per-CPU) and are allowed on isolated CPUs (rcuo* are RCU's)."""
+    movable = [
+        task
+        for task in tasks
+        if _is_kthread(task)
+        and not _per_cpu_bound(task)
+        and not RCU_THREAD.match(task["comm"])
+        and _movable_on(task, isolated)
+    ]
+    return [_thread_entry(t) for t in movable], _movable_findings("kthread", "kernel thread", movable, isolated, domain)
+
+
+def check_rcu(
+    tasks: list[dict],
+    expected: list[int] | None,
+    isolated: set[int],
+    domain: set[int],
+    possible: set[int],
+    running_nocbs: set[int],
+) -> tuple[dict, list]:
+    """The CPUs whose callbacks are offloaded must be the planned ``rcu_nocbs``; every rcuo
+    thread must stay off the isolated CPUs (they run the offloaded callbacks on housekeeping).
+
+    Offloaded: the CPUs with an ``rcuop``/``rcuos``/``rcuob`` thread; but since Linux 5.17 the
+    kernel starts one on every possible CPU when ``rcu_nocbs=`` or ``nohz_full=`` is given (so
+    that offload can be switched at run time), and then the threads cannot tell: the running
+    command line's ``rcu_nocbs`` and ``nohz_full`` (which implies it) are read instead, among
+    the CPUs that have a thread.
+    """
+    threads: set[int] = set()
     for task in tasks:
         match = RCU_THREAD.match(task["comm"])
-        if not match or not _is_kthread(task):
-            continue
-        if match.group(1) in ("p", "s", "b"):
-            offloaded.add(int(match.group(2)))
-        on = _movable_on(task, isolated)
-        if on:
-            ran = task["processor"] in isolated
-            threads.append(
-                {
-                    "pid": task["pid"],
-                    "comm": task["comm"],
-                    "allowed": format_cpulist(task["allowed"]),
-                    "cpu": task["processor"],
-                }
-            )
-            message = f"RCU offload thread {task['comm']} (pid {task['pid']}) is allowed on isolated CPU {_list(on)}"
-            if ran:
-                message += f" and last ran on CPU {task['processor']}"
-            findings.append(_finding("rcu", "fail" if ran else "warn", on, message, pid=task["pid"]))
+        if match and _is_kthread(task) and match.group(1) in ("p", "s", "b"):
+            threads.add(int(match.group(2)))
+    if possible and threads >= possible and len(threads) > 1:
+        offloaded, source = threads & running_nocbs, "command line (an rcuo thread runs on every CPU)"
+    else:
+        offloaded, source = threads, "rcuo threads"
+    movable = [
+        task for task in tasks if RCU_THREAD.match(task["comm"]) and _is_kthread(task) and _movable_on(task, isolated)
+    ]
+    findings = _movable_findings("rcu", "RCU offload thread", movable, isolated, domain)
     if expected is None:
         findings.append(_finding("rcu", "info", [], "rcu_nocbs is not planned: offload not checked"))
     elif set(expected) != offloaded:
@@ -571,21 +635,24 @@ def check_rcu(tasks: list[dict], expected: list[int] | None, isolated: set[int])
         extra = sorted(offloaded - set(expected))
         parts = []
         if missing:
-            parts.append(f"no rcuo thread for CPU {_list(missing)}")
+            parts.append(f"not offloaded: CPU {_list(missing)}")
         if extra:
-            parts.append(f"callbacks offloaded from unplanned CPU {_list(extra)}")
+            parts.append(f"offloaded without a plan: CPU {_list(extra)}")
         findings.append(
             _finding(
                 "rcu",
                 "fail",
                 missing + extra,
-                f"RCU callback offload is {_list(offloaded)}, planned rcu_nocbs={_list(expected)}: " + "; ".join(parts),
+                f"RCU callbacks are offloaded from CPU {_list(offloaded)} (read from the {source}), "
+                f"planned rcu_nocbs={_list(expected)}: " + "; ".join(parts),
             )
         )
     section = {
         "expected": None if expected is None else format_cpulist(expected),
         "offloaded": format_cpulist(offloaded),
-        "threads_on_isolated": threads,
+        "offloaded_from": source,
+        "threads": format_cpulist(threads),
+        "threads_on_isolated": [_thread_entry(t) for t in movable],
         "ok": not any(f["severity"] == "fail" for f in findings),
     }
     return section, findings
@@ -1134,9 +1201,16 @@ def verify(
     findings += found
 
     tasks = read_tasks(facts)
-    kthreads, found = check_kthreads(tasks, isolated)
+    domain = set(kernel["isolated"] or ())
+    kthreads, found = check_kthreads(tasks, isolated, domain)
     findings += found
-    rcu, found = check_rcu(tasks, _expected(expected_args, "rcu_nocbs"), isolated)
+    args = kernel["args"]
+    possible = set(_cpus(facts.read("sys/devices/system/cpu/possible")))
+    running_nocbs = set(args.rcu_nocbs or ()) | set(args.nohz_full or ())
+    expected_nocbs = _expected(expected_args, "rcu_nocbs")
+    if expected_nocbs is not None:  # nohz_full implies rcu_nocbs (the kernel offloads both)
+        expected_nocbs = sorted(set(expected_nocbs) | set(_expected(expected_args, "nohz_full") or ()))
+    rcu, found = check_rcu(tasks, expected_nocbs, isolated, domain, possible, running_nocbs)
     findings += found
     nohz, found = check_nohz(kernel, _expected(expected_args, "nohz_full"), _expected(expected_args, "isolcpus"))
     findings += found
