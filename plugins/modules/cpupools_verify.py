@@ -103,6 +103,19 @@ options:
   host:
     description: Name of the host, used in error messages.
     type: str
+  reboot_pending:
+    description:
+      - The kernel stage found planned arguments the running kernel was not booted with
+        (C(cpupools_reboot_required)). The kernel's findings then say so, and a C(warn) finding and the
+        summary name the pending reboot.
+    type: bool
+    default: false
+  metrics_dir:
+    description:
+      - A node_exporter textfile collector directory (under O(root)) to write C(cpupools_verify.prom)
+        into, replaced atomically (not in check mode). The directory must exist. Not counted as a change
+        (it holds the latest measurement, with its time).
+    type: path
 attributes:
   check_mode:
     support: full
@@ -118,7 +131,7 @@ EXAMPLES = r"""
 - name: Verify the node's isolation
   cpupools.cpupools.cpupools_verify:
     plan: "{{ cpupools_plan }}"
-    expected_args: "{{ cpupools_kernel_args_expected }}"
+    expected_args: "{{ cpupools_kernel_status.desired_cmdline_args }}"
   register: cpupools_verify_result
 
 - name: Verify and measure 30 s of jitter, failing the node above 20 us
@@ -163,6 +176,15 @@ ok:
   description: False when a finding of severity C(fail) belongs to a check in O(fail_on).
   returned: always
   type: bool
+reboot_pending:
+  description: The value of O(reboot_pending).
+  returned: always
+  type: bool
+metrics_file:
+  description: The textfile written (or, in check mode, that would be), under O(root).
+  returned: when O(metrics_dir) is given
+  type: str
+  sample: /var/lib/node_exporter/textfile/cpupools_verify.prom
 summary:
   description: One line for a person.
   returned: always
@@ -239,6 +261,7 @@ interrupts:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools import metrics
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.errors import CpupoolsError
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.verify import CHECKS, verify
 
@@ -264,6 +287,8 @@ ARGUMENT_SPEC = {
     "fail_on": {"type": "list", "elements": "str", "choices": list(CHECKS), "default": list(CHECKS)},
     "kubelet_state": {"type": "path", "default": "/var/lib/kubelet/cpu_manager_state"},
     "host": {"type": "str"},
+    "reboot_pending": {"type": "bool", "default": False},
+    "metrics_dir": {"type": "path"},
 }
 
 
@@ -292,10 +317,28 @@ def main():
             check_mode=module.check_mode,
             run=run,
             which=which,
+            reboot_pending=p["reboot_pending"],
         )
+        if p["metrics_dir"]:
+            result["metrics_file"] = write_metrics(p["root"], p["metrics_dir"], result, module.check_mode)
     except CpupoolsError as exc:
         module.fail_json(msg=exc.describe(p["host"], prefix="cpupools_verify: "))
+    # A measurement, not a configuration: its textfile holds the latest one (with its time), so it is
+    # rewritten on every run and never counted as a change (a re-run of verify.yml changes nothing).
     module.exit_json(changed=False, **result)
+
+
+def write_metrics(root, directory, result, check_mode):
+    """``cpupools_verify.prom`` in the node_exporter textfile directory (under ``root``); its path."""
+    where = os.path.join(root, directory.lstrip("/"))
+    if not os.path.isdir(where):
+        raise CpupoolsError(
+            f"the metrics directory {directory} does not exist (node_exporter's --collector.textfile.directory)",
+            "metrics_dir",
+        )
+    if not check_mode:
+        metrics.write_textfile(where, metrics.VERIFY_FILE, metrics.render_verify(result))
+    return os.path.join(directory, metrics.VERIFY_FILE)
 
 
 if __name__ == "__main__":

@@ -620,7 +620,9 @@ def check_rcu(
         match = RCU_THREAD.match(task["comm"])
         if match and _is_kthread(task) and match.group(1) in ("p", "s", "b"):
             threads.add(int(match.group(2)))
-    if possible and threads >= possible and len(threads) > 1:
+    if not tasks:
+        offloaded, source = threads | running_nocbs, "command line, as no task is visible to read the rcuo threads"
+    elif possible and threads >= possible and len(threads) > 1:
         offloaded, source = threads & running_nocbs, "command line (an rcuo thread runs on every CPU)"
     else:
         offloaded, source = threads, "rcuo threads"
@@ -1157,8 +1159,13 @@ def verify(
     pause: Callable[[], None] | None = None,
     now: float | None = None,
     which: Callable[[str], str | None] | None = None,
+    reboot_pending: bool = False,
 ) -> dict:
     """Every check; the result of the contract (JSON-serialisable).
+
+    ``reboot_pending``: the kernel stage found planned arguments the running
+    kernel was not booted with; the kernel's checks then read the old kernel,
+    and the result says so (a finding, the summary, ``reboot_pending``).
 
     ``run(argv) -> (rc, stdout, stderr)`` runs oslat, found by ``which(name)``
     (``shutil.which`` with ``/usr/bin`` and ``/usr/sbin`` added to ``PATH``);
@@ -1201,6 +1208,16 @@ def verify(
     findings += found
 
     tasks = read_tasks(facts)
+    if not tasks:
+        findings.append(
+            _finding(
+                "process",
+                "info",
+                [],
+                f"no task is visible under {facts.path('proc')}: the process, kernel thread and RCU thread "
+                "checks read nothing (a facts root without /proc: a sandbox, a fixture)",
+            )
+        )
     domain = set(kernel["isolated"] or ())
     kthreads, found = check_kthreads(tasks, isolated, domain)
     findings += found
@@ -1253,6 +1270,17 @@ def verify(
     grown = interrupt_growth(before, after, isolated)
     findings += check_interrupt_growth(grown, seconds)
 
+    if reboot_pending:
+        findings = [_pending(f) for f in findings]
+        findings.append(
+            _finding(
+                "nohz",
+                "warn",
+                [],
+                "a reboot is pending: the running kernel was booted before cpupools wrote the planned kernel "
+                "arguments, so these checks read the old kernel (playbooks/reboot.yml reboots and verifies)",
+            )
+        )
     rank = {s: i for i, s in enumerate(SEVERITIES)}
     findings.sort(key=lambda f: (rank[f["severity"]], CHECKS.index(f["check"]), f["cpus"], f["message"]))
     ok = not any(f["severity"] == "fail" and f["check"] in fail_on for f in findings)
@@ -1288,7 +1316,8 @@ def verify(
         },
         "cpus_checked": format_cpulist(isolated | set(measured)),
         "ok": ok,
-        "summary": summarise(per_cpu, findings, irqs, latency_section),
+        "reboot_pending": bool(reboot_pending),
+        "summary": ("reboot pending; " if reboot_pending else "") + summarise(per_cpu, findings, irqs, latency_section),
         "findings": findings,
         "per_cpu": per_cpu,
         "irqs": irqs,
@@ -1306,6 +1335,17 @@ def verify(
         },
     }
     return result
+
+
+#: The checks whose findings read the kernel's boot arguments: a pending reboot explains them.
+BOOT_CHECKS = ("irq", "workqueue", "kthread", "rcu", "nohz")
+
+
+def _pending(finding: dict) -> dict:
+    """A finding of a check the boot arguments decide, saying that the kernel it read predates them."""
+    if finding["check"] not in BOOT_CHECKS or finding["severity"] == "info":
+        return finding
+    return {**finding, "message": finding["message"] + " (reboot pending: the running kernel predates the plan)"}
 
 
 def facts_read_root(root: str, path: str) -> str | None:
