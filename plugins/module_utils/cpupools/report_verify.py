@@ -33,7 +33,8 @@ CHART_ROW = 18
 
 def bucket(max_us: float) -> int:
     """The index in ``LATENCY_SCALE`` of a measured max latency."""
-    for i, (bound, _, _, _) in enumerate(LATENCY_SCALE):
+    for i, step in enumerate(LATENCY_SCALE):
+        bound = step[0]
         if bound is None or max_us < bound:
             return i
     return len(LATENCY_SCALE) - 1
@@ -195,7 +196,7 @@ def analyse(result: object) -> VerifyView | None:
     for key in per_cpu:
         if not str(key).isdigit():
             raise ReportError(f"per_cpu: {key!r} is not a CPU number", "verify_result")
-    for key in sorted(per_cpu, key=lambda k: int(k)):
+    for key in sorted(per_cpu, key=int):
         raw = per_cpu[key]
         if not isinstance(raw, Mapping):
             raise ReportError(f"per_cpu {key}: expected a dict", "verify_result")
