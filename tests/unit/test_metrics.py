@@ -181,6 +181,8 @@ def test_verify_metrics_say_what_verify_found():
     text = metrics.render_verify(noisy())
     fams = parse(text)
     assert value(fams, "cpupools_verify_ok") == 0
+    assert value(fams, "cpupools_reboot_pending") == 0  # the result does not say one is pending
+    assert value(parse(metrics.render_verify({**noisy(), "reboot_pending": True})), "cpupools_reboot_pending") == 1
     taken = calendar.timegm((2026, 11, 26, 19, 40, 0, 0, 0, 0))
     assert value(fams, "cpupools_verify_timestamp_seconds") == taken
     found = fams["cpupools_verify_findings"]["samples"]

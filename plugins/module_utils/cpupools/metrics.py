@@ -192,7 +192,8 @@ def render_verify(result: Mapping) -> str:
     """``cpupools_verify.prom`` from a ``cpupools_verify`` result (docs/verify-schema, version 1).
 
     Series: ``cpupools_verify_ok``, ``cpupools_verify_timestamp_seconds``
-    (when the result was taken), ``cpupools_verify_findings{check,severity}``
+    (when the result was taken), ``cpupools_reboot_pending`` (the kernel the
+    node runs predates the planned arguments), ``cpupools_verify_findings{check,severity}``
     (every check and severity, 0 when none), ``cpupools_cpu_quiet{cpu,role}``
     (1 quiet, 0 something runs on or interrupts it), and per measured CPU
     ``cpupools_cpu_latency_{max,p99,p999}_microseconds{cpu,role}``.
@@ -205,6 +206,12 @@ def render_verify(result: Mapping) -> str:
     seconds = taken_seconds(result.get("taken"))
     if seconds is not None:
         stamp.add(seconds)
+    pending = Family(
+        "cpupools_reboot_pending",
+        "gauge",
+        "1 when the node runs a kernel booted before cpupools wrote its planned arguments (at the last verify).",
+    )
+    pending.add(bool(result.get("reboot_pending")))
     counts: dict[tuple[str, str], int] = {(c, s): 0 for c in VERIFY_CHECKS for s in SEVERITIES}
     for finding in result.get("findings") or []:
         if isinstance(finding, Mapping):
@@ -238,7 +245,7 @@ def render_verify(result: Mapping) -> str:
             value = _figure(latency.get(f"{key}_us"))
             if value is not None:
                 family.add(value, cpu=cpu, role=role)
-    return render((ok, stamp, findings, quiet, *figures.values()))
+    return render((ok, stamp, pending, findings, quiet, *figures.values()))
 
 
 # writing ------------------------------------------------------------------------
