@@ -22,11 +22,11 @@ from __future__ import annotations
 import calendar
 import math
 import os
-import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
+from . import state as st
 from .cpulist import format_cpulist, parse_cpulist
 from .errors import CpupoolsError
 
@@ -269,22 +269,15 @@ def write_textfile(directory: str, name: str, text: str) -> bool:
         pass
     except OSError as exc:
         raise CpupoolsError(f"cannot read the metrics file {path}: {exc.strerror}") from None
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
-    except OSError as exc:
-        raise CpupoolsError(f"cannot write into the metrics directory {directory}: {exc.strerror}") from None
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)
-        os.rename(tmp, path)
-    except OSError as exc:
-        raise CpupoolsError(f"cannot write the metrics file {path}: {exc.strerror}") from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    if not os.path.isdir(directory):  # atomic_write would call it a corrupt state
+        raise CpupoolsError(f"cannot write into the metrics directory {directory}: it is not a directory")
+    try:  # the state directory's one atomic write: a temporary ".<name>.<random>.tmp", fsync, rename
+        st.atomic_write(path, text, 0o644, fsync=True)
+    except UnicodeEncodeError:
+        raise CpupoolsError(f"cannot write the metrics file {path}: the exposition text is not ASCII") from None
+    except (OSError, CpupoolsError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else str(exc)
+        raise CpupoolsError(f"cannot write the metrics file {path}: {reason}") from None
     return True
 
 
