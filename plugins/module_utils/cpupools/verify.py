@@ -306,6 +306,16 @@ def read_kernel(facts: Facts) -> dict:
     }
 
 
+def read_node_masks(facts: Facts) -> list[frozenset[int]]:
+    """Each NUMA node's CPUs (``/sys/devices/system/node/node<N>/cpulist``)."""
+    base = facts.path("sys/devices/system/node")
+    try:
+        names = sorted(n for n in os.listdir(base) if n.startswith("node") and n[4:].isdigit())
+    except OSError:
+        return []
+    return [frozenset(_cpus(facts.read(f"sys/devices/system/node/{name}/cpulist"))) for name in names]
+
+
 def read_kubelet_held(text: str | None) -> list[dict]:
     """The kubelet's ``cpu_manager_state`` entries: ``[{"holder": "pod/container", "cpus": [...]}]``."""
     if not text:
@@ -527,10 +537,21 @@ def _movable_on(task: dict, isolated: set[int]) -> list[int]:
     return sorted(set(task["allowed"] or ()) & isolated)
 
 
-def _movable_findings(check: str, what: str, movable: list[dict], isolated: set[int], domain: set[int]) -> list:
+def _movable_findings(
+    check: str,
+    what: str,
+    movable: list[dict],
+    isolated: set[int],
+    domain: set[int],
+    node_masks: Iterable[frozenset[int]] = (),
+) -> list:
     """Findings for threads that may be moved and are allowed on isolated CPUs.
 
-    One that last ran on an isolated CPU: fail, one finding each. The others are
+    One that last ran on an isolated CPU: fail, one finding each; warn when
+    its allowed CPUs are exactly a NUMA node's (``node_masks``): the kernel
+    itself binds its per-node threads (kswapd, kcompactd) to their node,
+    isolated CPUs included, and nothing in the plan can prevent it; the
+    finding says how to move it. The others are
     grouped in one finding: info where every isolated CPU they are allowed on is
     out of the scheduler's domains (``isolcpus=domain``: load balancing and
     wake-up placement never move a task there), warn where one is not (only
@@ -541,15 +562,21 @@ def _movable_findings(check: str, what: str, movable: list[dict], isolated: set[
     for task in movable:
         on = _movable_on(task, isolated)
         if task["processor"] in isolated:
-            findings.append(
-                _finding(
-                    check,
-                    "fail",
-                    [task["processor"]],
-                    f"{what} {task['pid']} ({task['comm']}) last ran on isolated CPU {task['processor']} "
-                    f"(allowed {_list(task['allowed'])})",
-                    pid=task["pid"],
+            allowed = frozenset(task["allowed"])
+            per_node = allowed in set(node_masks)
+            message = (
+                f"{what} {task['pid']} ({task['comm']}) last ran on isolated CPU {task['processor']} "
+                f"(allowed {_list(task['allowed'])})"
+            )
+            if per_node:
+                keep = sorted(allowed - isolated)
+                message += (
+                    ": the kernel binds it to its NUMA node's CPUs, isolated ones included, and wake-ups keep it "
+                    "where it last ran; cpupools does not move kernel threads yet"
+                    + (f": move it with taskset -pc {_list(keep)} {task['pid']}" if keep else "")
                 )
+            findings.append(
+                _finding(check, "warn" if per_node else "fail", [task["processor"]], message, pid=task["pid"])
             )
         else:
             waiting["info" if set(on) <= domain else "warn"].append(task)
@@ -585,7 +612,9 @@ def _thread_entry(task: dict) -> dict:
     }
 
 
-def check_kthreads(tasks: list[dict], isolated: set[int], domain: set[int]) -> tuple[list, list]:
+def check_kthreads(
+    tasks: list[dict], isolated: set[int], domain: set[int], node_masks: Iterable[frozenset[int]] = ()
+) -> tuple[list, list]:
     """Kernel threads that may be moved (not per-CPU) and are allowed on isolated CPUs (rcuo* are RCU's)."""
     movable = [
         task
@@ -595,7 +624,8 @@ def check_kthreads(tasks: list[dict], isolated: set[int], domain: set[int]) -> t
         and not RCU_THREAD.match(task["comm"])
         and _movable_on(task, isolated)
     ]
-    return [_thread_entry(t) for t in movable], _movable_findings("kthread", "kernel thread", movable, isolated, domain)
+    findings = _movable_findings("kthread", "kernel thread", movable, isolated, domain, node_masks)
+    return [_thread_entry(t) for t in movable], findings
 
 
 def check_rcu(
@@ -1219,7 +1249,7 @@ def verify(
             )
         )
     domain = set(kernel["isolated"] or ())
-    kthreads, found = check_kthreads(tasks, isolated, domain)
+    kthreads, found = check_kthreads(tasks, isolated, domain, read_node_masks(facts))
     findings += found
     args = kernel["args"]
     possible = set(_cpus(facts.read("sys/devices/system/cpu/possible")))
