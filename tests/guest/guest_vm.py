@@ -172,6 +172,7 @@ class Guest:
             "ansible_ssh_private_key_file": str(self.key),
             "ansible_ssh_common_args": " ".join(SSH_OPTS),
             "ansible_python_interpreter": "/usr/bin/python3",
+            "ansible_pipelining": True,
         }
 
 
