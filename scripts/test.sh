@@ -12,8 +12,8 @@
 # second), each job with its output in a log shown, and its exit status
 # checked, after pytest's: ansible-lint and ansible-doc, the CMK v1.4
 # interleaving test, the installed collection on the oldest supported
-# ansible-core, and (as root) the molecule platform then the molecule
-# scenarios.
+# ansible-core, the real-kernel scenario in a qemu guest, and (as root) the
+# molecule platform then the molecule scenarios.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export ANSIBLE_CONFIG="$PWD/ansible.cfg"

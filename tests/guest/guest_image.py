@@ -226,6 +226,33 @@ def _remove(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def _build(work: Path, log) -> dict:
+    timings = {}
+    start = time.monotonic()
+    key = ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "cpupools-guest-test", "-f"]
+    _run([*key, str(work / "id_ed25519")], log)
+    rootfs = _rootfs(work, log)
+    timings["rootfs_s"] = round(time.monotonic() - start, 1)
+    disk = _disk(rootfs, work, log)
+    timings["disk_s"] = round(time.monotonic() - start - timings["rootfs_s"], 1)
+    mark = time.monotonic()
+    _firstboot(rootfs, disk, work, log)
+    timings["firstboot_s"] = round(time.monotonic() - mark, 1)
+    shutil.rmtree(rootfs)
+    _run(["qemu-img", "convert", "-O", "qcow2", str(disk), str(work / "base.qcow2")], log)
+    disk.unlink()
+    timings["total_s"] = round(time.monotonic() - start, 1)
+    return timings
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return ""
+    return f"--- {path.name}, last {lines} lines:\n" + "\n".join(text) + "\n"
+
+
 def build(log=None) -> Path:
     """The cached image's directory (base.qcow2, id_ed25519, timings), built if missing."""
     root = cache_dir()
@@ -241,39 +268,18 @@ def build(log=None) -> Path:
             _remove(stale)
         work = root / f"{final.name}.building-{os.getpid()}"
         work.mkdir()
-        stack.callback(shutil.rmtree, work, ignore_errors=True)
+        stack.callback(lambda: work.exists() and _remove(work))  # gone once renamed into place
         if log is None:
             log = stack.enter_context((work / "build.log").open("w"))
-        timings = {}
-        start = time.monotonic()
-        key = [
-            "ssh-keygen",
-            "-q",
-            "-t",
-            "ed25519",
-            "-N",
-            "",
-            "-C",
-            "cpupools-guest-test",
-            "-f",
-            str(work / "id_ed25519"),
-        ]
-        _run(key, log)
-        rootfs = _rootfs(work, log)
-        timings["rootfs_s"] = round(time.monotonic() - start, 1)
-        disk = _disk(rootfs, work, log)
-        timings["disk_s"] = round(time.monotonic() - start - timings["rootfs_s"], 1)
-        mark = time.monotonic()
-        _firstboot(rootfs, disk, work, log)
-        timings["firstboot_s"] = round(time.monotonic() - mark, 1)
-        shutil.rmtree(rootfs)
-        _run(["qemu-img", "convert", "-O", "qcow2", str(disk), str(work / "base.qcow2")], log)
-        disk.unlink()
-        timings["total_s"] = round(time.monotonic() - start, 1)
+        try:
+            timings = _build(work, log)
+        except (OSError, subprocess.SubprocessError, RuntimeError) as exc:
+            log.flush()
+            tails = _tail(work / "build.log") + _tail(work / "firstboot-console.log")
+            raise RuntimeError(f"building the guest image in {work} failed: {exc}\n{tails}") from exc
         (work / "timings").write_text("".join(f"{k} {v}\n" for k, v in timings.items()))
         (work / "base.qcow2").chmod(0o444)  # tests boot overlays; nothing writes the base
         os.rename(work, final)  # atomic: the directory appears complete or not at all
-        stack.pop_all()
     return final
 
 

@@ -99,7 +99,9 @@ def run(playbook: str, tmp_path: Path, inv: str, node: Guest, step: str, extra_v
     res = run_playbook(REPO / playbook, tmp_path, extra_vars, inventory=inv, env=ansible_env())
     node.timings[step] = time.monotonic() - start
     (tmp_path / "timings.json").write_text(json.dumps(node.timings))
-    assert res.rc == 0, f"{playbook}: status {res.rc}\n{res.stdout[-4000:]}\n{res.stderr[-2000:]}\n{node.tail()}"
+    (tmp_path / f"{step}.json").write_text(res.stdout)
+    failed = res.messages() or res.stdout[-4000:]
+    assert res.rc == 0, f"{playbook}: status {res.rc}\n{failed}\n{res.stderr[-2000:]}\n{node.tail()}"
     return res
 
 
