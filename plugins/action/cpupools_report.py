@@ -31,6 +31,7 @@ PARTS = (
     ("kernel", "cpupools_kernel_status"),
     ("state", "cpupools_agent_status"),
     ("k8s", "cpupools_k8s_status"),
+    ("verify", "cpupools_verify_result"),  # set by the verify role; absent on a host never verified
 )
 
 

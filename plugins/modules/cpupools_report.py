@@ -34,13 +34,14 @@ options:
         C(pools), C(tasks)); C(k8s) the Kubernetes status (C(enabled),
         C(advertised), C(expected), C(skipped_reason)); C(hugepages) the
         planned hugepages (C(cpupools_hugepages), a list of C(size), C(count),
-        and C(numa_node)).
+        and C(numa_node)); C(verify) the host's last C(cpupools_verify) result
+        (fact C(cpupools_verify_result)).
       - See docs/report.md for the full schema.
       - The module needs them; its action fills them in when the task omits
         them, reading them on the controller from
         the variables of every host of the play (C(ansible_facts.cpupools),
         C(cpupools_plan), C(cpupools_kernel_status), C(cpupools_agent_status),
-        C(cpupools_k8s_status)), once for the whole play.
+        C(cpupools_k8s_status), C(cpupools_verify_result)), once for the whole play.
     type: list
     elements: dict
     required: true
@@ -54,6 +55,10 @@ options:
       - Where to write the HTML report (parent directories are created).
         Empty or unset writes no file.
       - Written atomically, and only when its content changes.
+      - A machine-readable JSON is written beside it, the same way, its
+        name the page's with C(.html) replaced by C(.json) (C(.json) appended to any
+        other name). It holds per host the status, drift, warnings, a plan
+        summary and the last verify result (docs/report.md).
     type: path
   template:
     description:
@@ -83,6 +88,8 @@ options:
         every host of O(inventory_hosts) from the store, and ends with a
         report data section naming the hosts no run reported, when each
         host's data was taken and by which run, and the files it left out.
+      - A host of this run without a verify result keeps the one its
+        stored data has (the report shows the last verify of every host).
       - Unset, the report shows O(hosts) only.
     type: path
   inventory_hosts:
@@ -114,7 +121,7 @@ attributes:
     support: partial
     description: Shows which HTML file changes, by size and checksum.
     details: >-
-      The diff names the HTML file and its size and SHA-1 before and after,
+      The diff names the HTML file (and the JSON beside it) and its size and SHA-1 before and after,
       not the markup itself, which would bury the rest of a C(--diff) run.
 author:
   - The cpupools authors (@cpupools)
@@ -155,12 +162,19 @@ summary:
   returned: success
   type: str
 hosts:
-  description: Per host, its status (C(ok), C(pending), C(drift) or C(unplanned)) and drift items.
+  description: >-
+    Per host, its status (C(ok), C(pending), C(drift) or C(unplanned)), drift
+    items, warnings, and its last verify's verdict (C(ok), C(fail), or null
+    when never verified).
   returned: success
   type: dict
-  sample: {"node-1": {"status": "pending", "drift": [], "warnings": []}}
+  sample: {"node-1": {"status": "pending", "drift": [], "warnings": [], "verify": null}}
 html_path:
   description: The HTML file written (or that would be written in check mode); null when none.
+  returned: success
+  type: str
+json_path:
+  description: The JSON file written beside the HTML file; null when no HTML file is written.
   returned: success
   type: str
 store:

@@ -278,6 +278,26 @@ def test_reconcile_writes_metrics_and_keeps_a_running_total(cmk, state_dir, tmp_
     assert 'cpupools_pool_cpulists{pool="exclusive"} 2' in text
     assert 'cpupools_pool_free_cpulists{pool="exclusive"} 2' in text
     assert "cpupools_reclaimed_cpulists_total 1\n" in text
+    assert 'cpupools_pool_free_cpus{pool="exclusive"} 2\n' in text
+    assert 'cpupools_pool_cpus_info{free="0-1",held="",pool="exclusive"} 1\n' in text
+
+
+def test_reconcile_metrics_name_the_held_cpus_and_keep_an_unchanged_file(cmk, state_dir, tmp_path):
+    conf = state_dir(PLAN_2X, {"exclusive": {"0": {"1": [os.getpid()]}}})  # this test's process holds CPU 1
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    assert run(cmk, "reconcile", f"--conf-dir={conf}", f"--metrics-dir={metrics}").returncode == 0
+    prom = metrics / "cpupools.prom"
+    text = prom.read_text()
+    assert 'cpupools_pool_held_cpus{pool="exclusive"} 1\n' in text
+    assert 'cpupools_pool_free_cpus{pool="exclusive"} 1\n' in text
+    assert 'cpupools_pool_cpus_info{free="0",held="1",pool="exclusive"} 1\n' in text
+    assert oct(prom.stat().st_mode & 0o777) == "0o644"
+    before = prom.stat().st_mtime_ns
+    time.sleep(0.02)
+    assert run(cmk, "reconcile", f"--conf-dir={conf}", f"--metrics-dir={metrics}").returncode == 0
+    assert prom.stat().st_mtime_ns == before  # nothing changed: not rewritten
+    assert sorted(p.name for p in metrics.iterdir()) == ["cpupools.prom"]
 
 
 def test_cmk_proc_fs_gives_the_host_pid(cmk, state_dir, tmp_path):

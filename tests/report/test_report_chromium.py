@@ -253,3 +253,31 @@ def test_numa_and_l3_boxes_keep_every_cell_whole(tmp_path, host_input):
     ):
         assert text in dom, text
     assert dom.count('class="l3"') == 8 and dom.count('class="numa"') == 4
+
+
+def test_latency_colours_win_over_the_pool_and_the_chart_is_drawn(tmp_path, host_input):
+    """A measured CPU shows its latency step's colour with its pool as a stripe; the inline SVG chart renders."""
+    from cpupools.report_verify import LATENCY_SCALE
+    from verify_results import noisy
+
+    request = {"num_exclusive_cores": 2, "num_shared_cores": 1}
+    plain = host_input("1s8c-adjacent", request, host="node-1")
+    page = render_html([dict(plain, verify=noisy())])
+    probe = (
+        "<script>for (const cell of document.querySelectorAll('.node .t')) {"
+        "const s = getComputedStyle(cell); cell.dataset.seen = [s.backgroundColor, s.boxShadow].join('|');}</script>"
+    )
+    dom = dump_dom(tmp_path, page.replace("</body>", probe + "</body>"))
+    seen = dict(re.findall(r'title="CPU (\d+):[^"]*" data-seen="([^"]*)"', dom))
+
+    def css(hex_colour: str) -> str:
+        return "rgb({}, {}, {})".format(*rgb(hex_colour))
+
+    assert seen["5"].startswith(css(LATENCY_SCALE[4][1]) + "|")  # 180 µs: the darkest step, not the pool's blue
+    assert css(COLOURS["exclusive"][0]) in seen["5"].split("|")[1]  # the pool: the stripe along the bottom
+    assert seen["0"].startswith(css(LATENCY_SCALE[2][1]) + "|") and css(COLOURS["infra"][0]) in seen["0"]
+    assert seen["6"] == css(COLOURS["shared"][0]) + "|none"  # not measured: as before
+    # The chart: CPU 5's bar is 378 x 12 px of the darkest step; the cell, the legend's and the table's swatches
+    # of that colour are under 1,100 px together, so the count proves the bar was drawn.
+    dark = colour_counts(screenshot(tmp_path, page, "verified"))[rgb(LATENCY_SCALE[4][1])]
+    assert dark > 378 * 12, dark

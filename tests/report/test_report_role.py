@@ -19,6 +19,7 @@ PLAYBOOK = """\
       ansible.builtin.set_fact:
         cpupools_plan: "{{ plan }}"
         cpupools_kernel_status: "{{ kernel | default(omit) }}"
+        cpupools_verify_result: "{{ verify | default(omit) }}"
         ansible_facts:
           cpupools: "{{ facts }}"
 
@@ -46,7 +47,9 @@ def test_first_run_writes_second_run_changes_nothing(playbook, extra, tmp_path):
     assert first.changed() == 1
     render = first.result("cpupools_report : Render the fleet report")
     assert render["html_path"] == str(html)
-    assert render["hosts"] == {"localhost": {"status": "pending", "drift": [], "warnings": []}}
+    assert render["hosts"] == {"localhost": {"status": "pending", "drift": [], "warnings": [], "verify": None}}
+    assert render["json_path"] == str(tmp_path / "out" / "report.json")
+    data = (tmp_path / "out" / "report.json").read_text()
     page = html.read_text()
     assert 'id="host-localhost"' in page and page.count('class="core"') == 16
     printed = first.result("cpupools_report : Print the fleet report")["msg"]
@@ -61,6 +64,7 @@ def test_first_run_writes_second_run_changes_nothing(playbook, extra, tmp_path):
     second = playbook(PLAYBOOK, extra)
     assert second.rc == 0 and second.changed() == 0, second.stdout
     assert html.read_text() == page and html.stat().st_mtime_ns == stat.st_mtime_ns
+    assert (tmp_path / "out" / "report.json").read_text() == data
 
 
 def test_check_mode_predicts_and_writes_nothing(playbook, extra, tmp_path):
@@ -189,3 +193,17 @@ def test_the_module_run_directly_renders_what_the_action_renders(playbook, host_
         )["msg"]
     )
     assert refusals == [f"cpupools report: HTML template none.j2 not found beside {tmp_path / 'none.j2'}"] * 2
+
+
+def test_a_hosts_verify_result_reaches_the_page_and_the_json(playbook, extra, tmp_path):
+    """The action reads the fact the verify role sets (cpupools_verify_result) from hostvars."""
+    import json
+
+    from verify_results import noisy
+
+    run = playbook(PLAYBOOK, dict(extra, verify=noisy()))
+    assert run.rc == 0, run.stdout + run.stderr
+    assert run.result("cpupools_report : Render the fleet report")["hosts"]["localhost"]["verify"] == "fail"
+    data = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert data["hosts"][0]["verify"] == noisy()
+    assert "pid 812 (sshd) ran on exclusive CPU 4, not held" in (tmp_path / "out" / "report.html").read_text()

@@ -10,6 +10,7 @@ import collections
 import os
 import sys
 
+from . import metrics
 from . import state as st
 from .agent_base import EXIT_OK, checked_path, conf_dir, proc_fs_of, seconds, self_identity, tasks_or_none
 from .errors import CpupoolsError, StateError
@@ -32,7 +33,7 @@ PREPARE_LISTS = 32
 
 def reconcile_pass(
     conf: str, proc_fs: str, timeout: float, strays: list[str] | None = None
-) -> tuple[list[dict], dict[str, tuple[int, int]]]:
+) -> tuple[list[dict], dict[str, metrics.PoolUsage]]:
     """``_reconcile_pass`` through one handle on the state directory (``state.ConfDir``), opened for this pass."""
     strays = [] if strays is None else strays
     with st.open_conf(conf) as handle:
@@ -44,7 +45,7 @@ def reconcile_pass(
 
 def _reconcile_pass(
     conf: str, proc_fs: str, timeout: float, strays: list[str] | None = None
-) -> tuple[list[dict], dict[str, tuple[int, int]]]:
+) -> tuple[list[dict], dict[str, metrics.PoolUsage]]:
     """One pass: free the cpulists of dead tasks and of reused PIDs; remove crash leftovers.
 
     The state is scanned without the lock; only the lists with something to
@@ -183,11 +184,20 @@ def _reconcile_pass(
         for _, _, prep in pending:
             if prep is not None:
                 prep.close()
-    sizes: dict[str, tuple[int, int]] = {}
+    sizes: dict[str, metrics.PoolUsage] = {}
     for name, pool in pools.items():
         lists = pool.cpulists()
-        free = sum(1 for cl in lists if cl.path not in damaged and tasks_or_none(cl) == [])
-        sizes[name] = (len(lists), free)
+        free_lists = []
+        held_lists = []
+        for cl in lists:
+            tasks = None if cl.path in damaged else tasks_or_none(cl)
+            if tasks == []:
+                free_lists.append(cl.cpus)
+            elif tasks:
+                held_lists.append(cl.cpus)
+        sizes[name] = metrics.PoolUsage(
+            len(lists), len(free_lists), metrics.cpus_of(held_lists), metrics.cpus_of(free_lists)
+        )
     reclaimed.sort(key=lambda r: (r["pid"], r["pool"], r["cpus"]))
     return reclaimed, sizes
 
@@ -258,7 +268,7 @@ def after_pass_hook(opts: dict[str, str | bool], environ: dict[str, str] | os._E
         "exclusive-non-isolcpus": environ.get("CPUPOOLS_ENI_RESOURCE") or ENI_RESOURCE,
     }
 
-    def readvertise_hook(report: dict, sizes: dict[str, tuple[int, int]]) -> None:
+    def readvertise_hook(report: dict, sizes: dict[str, metrics.PoolUsage]) -> None:
         from .k8s_advertise import readvertise
 
         expected = {names[pool]: sizes[pool][0] for pool in names if pool in sizes}
@@ -272,31 +282,6 @@ def after_pass_hook(opts: dict[str, str | bool], environ: dict[str, str] | os._E
     return readvertise_hook
 
 
-def write_metrics(directory: str, sizes: dict[str, tuple[int, int]], reclaimed: int) -> None:
-    """node_exporter textfile ``cpupools.prom``: pool sizes, free lists, reclaimed total."""
-    path = os.path.join(directory, "cpupools.prom")
-    total = reclaimed
-    try:
-        with open(path, encoding="ascii") as handle:
-            for line in handle:
-                if line.startswith("cpupools_reclaimed_cpulists_total "):
-                    total += int(float(line.split()[1]))
-    except (OSError, ValueError):
-        pass
-    lines = [
-        "# HELP cpupools_pool_cpulists Cpulists in the pool.",
-        "# TYPE cpupools_pool_cpulists gauge",
-        *(f'cpupools_pool_cpulists{{pool="{p}"}} {n}' for p, (n, _) in sorted(sizes.items())),
-        "# HELP cpupools_pool_free_cpulists Cpulists with no task.",
-        "# TYPE cpupools_pool_free_cpulists gauge",
-        *(f'cpupools_pool_free_cpulists{{pool="{p}"}} {f}' for p, (_, f) in sorted(sizes.items())),
-        "# HELP cpupools_reclaimed_cpulists_total Task entries freed by reconcile (dead or reused PIDs).",
-        "# TYPE cpupools_reclaimed_cpulists_total counter",
-        f"cpupools_reclaimed_cpulists_total {total}",
-    ]
-    st.atomic_write(path, "\n".join(lines) + "\n", 0o644)
-
-
 def cmd_reconcile(opts: dict[str, str | bool], environ: dict[str, str] | os._Environ) -> int:
     import json
     import time
@@ -305,9 +290,9 @@ def cmd_reconcile(opts: dict[str, str | bool], environ: dict[str, str] | os._Env
     interval = seconds(opts, "--interval")
     timeout = st.lock_timeout(environ)
     proc_fs = proc_fs_of(environ)
-    metrics = str(opts.get("--metrics-dir") or environ.get("CPUPOOLS_METRICS_DIR") or "")
-    if metrics:
-        checked_path("--metrics-dir" if opts.get("--metrics-dir") else "CPUPOOLS_METRICS_DIR", metrics)
+    metrics_dir = str(opts.get("--metrics-dir") or environ.get("CPUPOOLS_METRICS_DIR") or "")
+    if metrics_dir:
+        checked_path("--metrics-dir" if opts.get("--metrics-dir") else "CPUPOOLS_METRICS_DIR", metrics_dir)
     hook = after_pass_hook(opts, environ)
     while True:
         try:
@@ -318,8 +303,8 @@ def cmd_reconcile(opts: dict[str, str | bool], environ: dict[str, str] | os._Env
             report = {"reclaimedCpuLists": reclaimed}
             sys.stdout.write(json.dumps(report, indent=2, sort_keys=True) + "\n")
             sys.stdout.flush()
-            if metrics:
-                write_metrics(metrics, sizes, len(reclaimed))
+            if metrics_dir:
+                metrics.write_reconcile(metrics_dir, sizes, len(reclaimed))
             if hook is not None:
                 hook(report, sizes)
         except CpupoolsError as exc:

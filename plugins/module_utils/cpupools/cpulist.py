@@ -35,6 +35,7 @@ ISOLCPUS_FLAGS = ("nohz", "domain", "managed_irq")
 #: typed ``0-4000000000`` from expanding billions of ids in memory.
 MAX_CPUS = 65536
 _DIGITS = frozenset("0123456789")
+_HEX = frozenset("0123456789abcdef")
 
 
 def _parse_int(text: str) -> int:
@@ -152,6 +153,22 @@ def format_cpumask(cpus: Iterable[int]) -> str:
     for cpu in cpus:
         mask |= 1 << cpu
     return f"{mask:X}"
+
+
+def parse_cpumask(text: str, what: str = "cpumask") -> list[int]:
+    """CPUs of a hex bitmask as sysfs prints it (``cpumask``, ``smp_affinity``).
+
+    The kernel's ``%*pb`` form: hex digits, in comma-separated 32-bit groups
+    with the highest group first (``00000000,000000f0``); an optional ``0x``
+    is accepted. Inverse of ``format_cpumask`` up to the grouping.
+    """
+    digits = text.strip().lower().removeprefix("0x").replace(",", "")
+    if not digits:
+        return []
+    if len(digits) > MAX_CPUS // 4 or not set(digits) <= _HEX:
+        raise CpulistError(f"malformed {what} {show(text.strip())}: not a hex CPU mask")
+    mask = int(digits, 16)
+    return [cpu for cpu in range(mask.bit_length()) if mask >> cpu & 1]
 
 
 def cmdline_spans(text: str) -> list[tuple[int, int, str, str | None]]:

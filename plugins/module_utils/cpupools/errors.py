@@ -104,3 +104,7 @@ class StatePermissionError(StateError):
 
 class ResizeError(StateError):
     """A new plan cannot keep the live tasks: refused before any change."""
+
+
+class VerifyError(CpupoolsError):
+    """A verify input that cannot be used: a plan without its keys, a bad cpulist, an unknown check."""

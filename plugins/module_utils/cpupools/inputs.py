@@ -431,6 +431,27 @@ def _namespaces(raw: object, field: str) -> list[str]:
     return names
 
 
+#: What verify checks (module_utils/cpupools/verify.py); ``cpupools_verify_fail_on`` picks those that fail a node.
+VERIFY_CHECKS = ("irq", "workqueue", "kthread", "rcu", "nohz", "process", "cmk", "latency")
+
+
+def _auto_or_cpus(raw: object, field: str) -> str | tuple[int, ...]:
+    """``auto`` or a non-empty cpulist."""
+    if isinstance(raw, str) and raw.strip().lower() == "auto":
+        return "auto"
+    cpus = to_cpus(raw, field)
+    if not cpus:
+        raise InputError("the cpulist is empty; give CPUs, or auto", field)
+    return cpus
+
+
+def _verify_checks(raw: object, field: str) -> list[str]:
+    """A list of verify's checks (possibly empty: verify then reports and fails no node)."""
+    if isinstance(raw, (list, tuple)) and not raw:
+        return []
+    return list(to_choices(raw, field, VERIFY_CHECKS))
+
+
 def _task_group(raw: object, field: str) -> str:
     text = to_str(raw, field, allow_empty=True)
     if text and (len(text) > 32 or any(c in text for c in " :/,")):
@@ -442,8 +463,8 @@ def _task_group(raw: object, field: str) -> str:
 #: roles' ``defaults/main.yml`` (a test compares them).
 SPEC: dict[str, Var] = {
     # cpupools_plan
-    "root": _var("plan agent kernel kubelet", _path(), "/", "path"),
-    "facts_root": _var("plan kernel", _path(), "/", "path", derived=True),
+    "root": _var("plan agent kernel kubelet verify", _path(), "/", "path"),
+    "facts_root": _var("plan kernel verify", _path(), "/", "path", derived=True),
     "work_dir": _var("plan agent report", _work_dir, "auto"),
     "num_exclusive_cores": _var("plan", to_count, 4, "int"),
     "num_shared_cores": _var("plan", to_count, 1, "int"),
@@ -501,19 +522,19 @@ SPEC: dict[str, Var] = {
         "kernel kubelet", _choice(TOPOLOGY_POLICIES), "best-effort", choices=TOPOLOGY_POLICIES
     ),
     "kubelet_topology_scope": _var("kernel kubelet", _choice(TOPOLOGY_SCOPES), "container", choices=TOPOLOGY_SCOPES),
-    "kubelet_state_file": _var("kernel kubelet", _path(), "/var/lib/kubelet/cpu_manager_state", "path"),
+    "kubelet_state_file": _var("kernel kubelet verify", _path(), "/var/lib/kubelet/cpu_manager_state", "path"),
     "kubelet_service": _var(
         "kubelet", _str(False, re.compile(r"^[A-Za-z0-9@_.:-]{1,200}$"), "a systemd unit name"), "kubelet"
     ),
     "kubelet_restart_timeout": _var("kubelet", _int(1, 3600), 120, "int"),
     "kubelet_simulate_command": _var("kubelet", to_argv, [], "list"),
     # cpupools_agent
-    "conf_dir": _var("agent", _path(), "/etc/cmk", "path"),
+    "conf_dir": _var("agent verify", _path(), "/etc/cmk", "path"),
     "agent_path": _var("agent", _path(), AGENT_PATH, "path"),
     "agent_shebang": _var("agent", _shebang, "/usr/bin/env python3"),
     "reconcile_interval": _var("agent", _int(1, 86400), 60, "int"),
     "task_group": _var("agent", _task_group, ""),
-    "metrics_dir": _var("agent", _path(allow_empty=True), ""),
+    "metrics_dir": _var("agent verify", _path(allow_empty=True), ""),
     "agent_force": _var("agent", to_bool, False, "bool"),
     "agent_kubeconfig": _var("agent", _path(allow_empty=True), "/etc/kubernetes/kubelet.conf"),
     "agent_node_name": _var("agent", _str(False, _DNS_SUBDOMAIN_RE, "a Kubernetes node name"), derived=True),
@@ -552,6 +573,15 @@ SPEC: dict[str, Var] = {
     "report_generated": _var("report", _str(True), ""),
     "report_store": _var("report", _path(allow_empty=True), ""),
     "report_store_max_age": _var("report", _int(0, 10 * 365 * 86400), 0, "int"),
+    # cpupools_verify (playbooks/verify.yml, and reboot.yml after each reboot; docs/verify.md)
+    "verify_latency": _var("verify", to_bool, False, "bool"),
+    "verify_latency_duration": _var("verify", _int(1, 3600), 10, "int"),
+    "verify_latency_cpus": _var("verify", _auto_or_cpus, "auto", "raw"),
+    "verify_max_latency_us": _var("verify", _int(0, 10_000_000), 0, "int"),
+    "verify_p99_latency_us": _var("verify", _int(0, 10_000_000), 0, "int"),
+    "verify_install_rt_tests": _var("verify", to_bool, False, "bool"),
+    "verify_fail_on": _var("verify", _verify_checks, list(VERIFY_CHECKS), "list"),
+    "verify_after_reboot": _var("verify", to_bool, True, "bool"),
     # cpupools_reboot (serial is the reboot play's, read before any role)
     "reboot_simulate_command": _var("reboot", to_argv, [], "list"),
     "reboot_serial": _var("", to_serial, 1, "raw"),
@@ -609,6 +639,9 @@ INTERNAL = frozenset(
         "k8s_admission_departing",
         "k8s_runtime_result",
         "report_input",
+        "verify_result",
+        "verify_module",
+        "verify_fail",
         "report_result",
         "kernel_cpuaffinity_path",
         "kernel_irqbalance_path",

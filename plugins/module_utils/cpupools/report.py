@@ -53,7 +53,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from . import report_store
+from . import report_store, report_verify
 from .cpulist import format_cpulist, parse_cpulist
 from .errors import CpupoolsError, PlanError, ReportError
 from .hugepages import parse_size, size_label
@@ -106,15 +106,24 @@ class Thread:
     busy: bool = False
     numa: int | None = None
     l3: int | None = None
+    #: From the last verify: the latency scale's bucket of the measured max (None: not measured),
+    #: whether the CPU was quiet (None: not verified), and both in words.
+    latency: int | None = None
+    quiet: bool | None = None
+    verified: str = ""
 
     @property
     def classes(self) -> str:
-        """CSS classes of the cell: ``t``, the pool colour, the pending mark, the dot."""
+        """CSS classes of the cell: ``t``, the pool colour, the latency colour, the pending mark, the marks."""
         classes = ["t", f"c-{self.pool}"]
+        if self.latency is not None:
+            classes += ["lat", f"lat-{self.latency}"]
         if self.pending:
             classes.append(f"p-{self.pending}")
         if self.busy:
             classes.append("busy")
+        if self.quiet is False:
+            classes.append("noisy")
         return " ".join(classes)
 
     @property
@@ -133,6 +142,8 @@ class Thread:
             )
         if self.busy:
             words.append("held by a live task")
+        if self.verified:
+            words.append(self.verified)
         return "; ".join(words)
 
 
@@ -258,6 +269,11 @@ class HostView:
     has_topology: bool = False
     has_plan: bool = False
     kernel_unknown: bool = False
+    #: The last cpupools_verify result (as given, for the JSON) and the report's view of it; None: never verified.
+    verify_result: dict | None = None
+    verify: report_verify.VerifyView | None = None
+    #: The plan in a few keys, for the JSON beside the page.
+    plan_summary: dict | None = None
 
     @property
     def subtitle(self) -> str:
@@ -449,7 +465,33 @@ def analyse_host(entry: Mapping) -> HostView:
     if planned_pages is None and plan:
         planned_pages = plan.get("hugepages")
     _hugepages(view, planned_pages, facts.get("hugepages") if facts else None)
+    _verify(view, entry.get("verify"))
+    if plan:
+        view.plan_summary = plan_summary(plan)
     return view
+
+
+def plan_summary(plan: Mapping) -> dict:
+    """The plan's keys an operator's tooling reads (the JSON beside the page): mode, runtime, CPUs by role."""
+    keys = ("mode", "runtime", "isolated_cpus", "reserved_cpus", "stranded_cpus", "pool_cpus", "exclusive_pools")
+    return {key: plan[key] for key in keys if key in plan}
+
+
+def _verify(view: HostView, result: object) -> None:
+    """The host's last verify result: its view, and on each CPU of the picture its latency colour and quiet mark."""
+    view.verify = report_verify.analyse(result)
+    if view.verify is None:
+        return
+    view.verify_result = dict(result)  # type: ignore[call-overload]  # analyse checked it is a mapping
+    for sock in view.sockets:
+        for node in sock.numa:
+            for core in node.cores:
+                for thread in core.threads:
+                    row = view.verify.row(thread.cpu)
+                    if row is not None:
+                        thread.latency = row.bucket
+                        thread.quiet = row.quiet
+                        thread.verified = row.words
 
 
 #: The plan's modes in an operator's words.
@@ -984,6 +1026,10 @@ def fleet_summary(views: Sequence[HostView], failed: Sequence[str] = ()) -> str:
     warned = sum(1 for v in views if v.warnings)
     if warned:
         parts.append(f"{warned} with warnings")
+    failed_verify = [v.host for v in views if v.verify is not None and not v.verify.ok]
+    if failed_verify:
+        names = ", ".join(failed_verify[:5]) + (f" and {len(failed_verify) - 5} more" if len(failed_verify) > 5 else "")
+        parts.append(f"{len(failed_verify)} failed verify ({names})")
     parts.append(f"{_plural(exclusive, 'exclusive core')}")
     if failed:
         parts.append(f"{len(failed)} failed earlier and not reported ({', '.join(failed)})")
@@ -1052,6 +1098,7 @@ def host_lines(view: HostView) -> list[str]:
     lines.append(label("live tasks") + view.tasks_note)
     lines += [label("") + t for t in view.tasks]
     lines.append(label("stranded CPUs") + (view.stranded if view.stranded is not None else NOT_COLLECTED))
+    lines += report_verify.lines(view.verify, label)
     for title, items in (("drift", view.drift), ("warnings", view.warnings)):
         if not items:
             lines.append(label(title) + "none")
@@ -1128,6 +1175,7 @@ MARKS = (
         "dashed orange frame: isolated now, released at next boot",
     ),
     ("busy", f"t c-{EXCLUSIVE} busy", "dot: held by a live task"),
+    ("noisy", f"t c-{EXCLUSIVE} noisy", "!: not quiet at the last verify (something ran on or interrupted it)"),
 )
 
 
@@ -1146,6 +1194,10 @@ def shown(views: Sequence[HostView]) -> set[str]:
                             found.add(thread.pending)
                         if thread.busy:
                             found.add("busy")
+                        if thread.quiet is False:
+                            found.add("noisy")
+                        if thread.latency is not None:
+                            found.add("latency")
     return found
 
 
@@ -1195,6 +1247,11 @@ def page_model(
         "legend": legend(views),
         "modes": modes_line(views),
         "colours": [{"name": name, "bg": bg, "fg": fg} for name, (bg, fg) in COLOURS.items()],
+        "latency_colours": [
+            {"bucket": i, "bg": bg, "fg": fg, "text": text}
+            for i, (_, bg, fg, text) in enumerate(report_verify.LATENCY_SCALE)
+        ],
+        "latency_scale": "latency" in shown(views),
         "not_collected": NOT_COLLECTED,
         "offline": OFFLINE,
         "hosts": list(views),
@@ -1296,6 +1353,7 @@ def _from_store(params: Mapping, check_mode: bool) -> tuple[list[HostView], repo
             raise ReportError("every entry of hosts needs a host name", None)
         fresh.append(report_store.Record(host, now, run, dict(entry)))
     store = params["store"]
+    report_store.keep_verify(store, fresh)
     if not check_mode:
         report_store.write(store, fresh)
     stored, unreadable = report_store.read(store)
@@ -1356,8 +1414,17 @@ def report(params: Mapping, check_mode: bool = False, move: Callable[[str, str],
         "text": "\n".join(lines) + "\n",
         "lines": lines,
         "summary": fleet_summary(views, failed),
-        "hosts": {v.host: {"status": v.status, "drift": v.drift, "warnings": v.warnings} for v in views},
+        "hosts": {
+            v.host: {
+                "status": v.status,
+                "drift": v.drift,
+                "warnings": v.warnings,
+                "verify": None if v.verify is None else v.verify.verdict,
+            }
+            for v in views
+        },
         "html_path": None,
+        "json_path": None,
     }
     if fleet is not None:
         result["store"] = _store_result(fleet)
@@ -1365,26 +1432,88 @@ def report(params: Mapping, check_mode: bool = False, move: Callable[[str, str],
     if not path:
         return result
     model = page_model(views, failed, params.get("title") or "cpupools report", params.get("generated"), fleet)
-    content = render_page(model, params["template"]).encode("utf-8")
-    try:
-        with open(path, "rb") as handle:
-            current: bytes | None = handle.read()
-    except FileNotFoundError:
-        current = None
-    except OSError as exc:
-        raise ReportError(f"cannot read {path}: {exc.strerror}") from None
+    files = [
+        (path, render_page(model, params["template"]).encode("utf-8")),
+        (json_path(path), render_json(views, failed, params.get("generated"), fleet).encode("utf-8")),
+    ]
     result["html_path"] = path
-    if current != content:
+    result["json_path"] = files[1][0]
+    diffs = []
+    for target, content in files:
+        try:
+            with open(target, "rb") as handle:
+                current: bytes | None = handle.read()
+        except FileNotFoundError:
+            current = None
+        except OSError as exc:
+            raise ReportError(f"cannot read {target}: {exc.strerror}") from None
+        if current == content:
+            continue
         result["changed"] = True
-        result["diff"] = {
-            "before_header": path,
-            "after_header": path,
-            "before": _describe(current),
-            "after": _describe(content),
-        }
+        diffs.append(
+            {"before_header": target, "after_header": target, "before": _describe(current), "after": _describe(content)}
+        )
         if not check_mode:
             try:
-                _write_atomic(path, content, move)
+                _write_atomic(target, content, move)
             except OSError as exc:
-                raise ReportError(f"cannot write {path}: {exc.strerror}") from None
+                raise ReportError(f"cannot write {target}: {exc.strerror}") from None
+    if diffs:
+        result["diff"] = diffs if len(diffs) > 1 else diffs[0]
     return result
+
+
+def json_path(html_path: str) -> str:
+    """The JSON beside the page: ``report.html`` -> ``report.json`` (another name gets ``.json`` appended)."""
+    root, ext = os.path.splitext(html_path)
+    return (root if ext.lower() in (".html", ".htm") else html_path) + ".json"
+
+
+#: The version of the JSON beside the page; a consumer checks it.
+JSON_FORMAT = 1
+
+
+def report_json(
+    views: Sequence[HostView],
+    failed: Sequence[str] = (),
+    generated: str | None = None,
+    fleet: report_store.Fleet | None = None,
+) -> dict:
+    """The machine-readable report: per host its status, drift, warnings, plan summary and last verify result."""
+    data: dict = {
+        "format": JSON_FORMAT,
+        "generated": generated or None,
+        "fleet": fleet_summary(views, failed),
+        "failed_hosts": list(failed),
+        "hosts": [
+            {
+                "host": v.host,
+                "status": v.status,
+                "drift": v.drift,
+                "warnings": v.warnings,
+                "reboot_required": v.reboot_required,
+                "plan": v.plan_summary,
+                "verify": v.verify_result,
+            }
+            for v in views
+        ],
+    }
+    if fleet is not None:
+        data["store"] = {
+            "path": fleet.store,
+            "taken": {r.host: {"at": report_store.timestamp(r.taken), "run": r.run} for r in fleet.records},
+            "missing": fleet.missing,
+            "unreadable": [name for name, _ in fleet.unreadable],
+            "outside": [r.host for r in fleet.outside],
+        }
+    return data
+
+
+def render_json(
+    views: Sequence[HostView],
+    failed: Sequence[str] = (),
+    generated: str | None = None,
+    fleet: report_store.Fleet | None = None,
+) -> str:
+    """``report_json`` as text: sorted keys, two-space indent, a final newline (byte-identical on a re-run)."""
+    return json.dumps(report_json(views, failed, generated, fleet), indent=2, sort_keys=True, default=str) + "\n"

@@ -182,6 +182,38 @@ def read(directory: str) -> tuple[dict[str, Record], list[tuple[str, str]]]:
     return records, unreadable
 
 
+def read_one(directory: str, host: str) -> Record | None:
+    """The record of ``host`` in ``directory``; None when there is none or it cannot be read (``read`` says why)."""
+    path = os.path.join(directory, file_name(host))
+    try:
+        if not os.path.isfile(path):
+            return None
+        with open(path, "rb") as handle:
+            content = handle.read(MAX_BYTES + 1)
+    except OSError:
+        return None
+    if len(content) > MAX_BYTES:
+        return None
+    try:
+        return decode(content, host)
+    except ReportError:
+        return None
+
+
+def keep_verify(directory: str, records: Iterable[Record]) -> None:
+    """Give each record without a verify result the one its host's stored record has.
+
+    A run that does not verify (site.yml) leaves a host's last verify
+    result in the store, so the report still shows it, with its own time.
+    """
+    for record in records:
+        if record.entry.get("verify") is not None:
+            continue
+        stored = read_one(directory, record.host)
+        if stored is not None and stored.entry.get("verify") is not None:
+            record.entry["verify"] = stored.entry["verify"]
+
+
 @dataclass
 class Fleet:
     """What a report over the store shows besides the hosts: who reported, how long ago, what was left out."""

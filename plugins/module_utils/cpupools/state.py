@@ -375,15 +375,22 @@ def lock_timeout(environ: dict[str, str]) -> float:
 # Processes -------------------------------------------------------------------
 
 
-def parse_proc_stat(text: str) -> tuple[int, str, int]:
-    """``(pid, state, starttime)`` from ``/proc/<pid>/stat`` text.
+def split_proc_stat(text: str) -> tuple[int, str, list[str]]:
+    """``(pid, comm, fields)`` of ``/proc/<pid>/stat`` text; ``fields[0]`` is field 3 (state).
 
     The command name (field 2) may hold spaces and parentheses, so fields are
-    counted from the last ``)``; ``starttime`` is field 22 (clock ticks since boot).
+    counted from the last ``)``: field N of proc(5) is ``fields[N - 3]``.
     """
     head, _, rest = text.rpartition(")")
-    fields = rest.split()
-    return int(head.split(" ", 1)[0]), fields[0], int(fields[19])
+    pid, _, comm = head.partition(" (")
+    return int(pid), comm, rest.split()
+
+
+def parse_proc_stat(text: str) -> tuple[int, str, int]:
+    """``(pid, state, starttime)`` from ``/proc/<pid>/stat`` text; ``starttime``
+    is field 22 (clock ticks since boot)."""
+    pid, _, fields = split_proc_stat(text)
+    return pid, fields[0], int(fields[19])
 
 
 def read_proc_stat(proc_fs: str, pid: int | str) -> tuple[int, str, int] | None:
