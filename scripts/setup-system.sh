@@ -11,6 +11,14 @@ packages=(
     chromium         # renders the HTML report in a real browser
     strace           # kills the agent at every system call (tests/agent/test_agent_faults.py)
     passwd           # useradd/userdel: the real accounts of the agent security tests
+    # The real-kernel guest (tests/guest/): a Debian image made with mmdebstrap,
+    # partitioned with sfdisk, booted under qemu (TCG), reached over SSH.
+    qemu-system-x86
+    qemu-utils
+    mmdebstrap
+    fdisk
+    e2fsprogs
+    openssh-client
 )
 missing=()
 for pkg in "${packages[@]}"; do

@@ -12,8 +12,8 @@
 # second), each job with its output in a log shown, and its exit status
 # checked, after pytest's: ansible-lint and ansible-doc, the CMK v1.4
 # interleaving test, the installed collection on the oldest supported
-# ansible-core, and (as root) the molecule platform then the molecule
-# scenarios.
+# ansible-core, the real-kernel scenario in a qemu guest, and (as root) the
+# molecule platform then the molecule scenarios.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export ANSIBLE_CONFIG="$PWD/ansible.cfg"
@@ -126,6 +126,13 @@ molecule_job() {
 }
 beside molecule molecule_job "$@"
 
+# The real-kernel scenario (tests/guest/): a Debian guest under qemu (TCG) as the
+# node, site.yml, the reboot into its new kernel command line, verify, site.yml
+# again. Mostly the emulated guest's time; the image is built once per machine
+# (cached under ~/.cache/cpupools/guest). Without qemu it is skipped, saying
+# so, unless CPUPOOLS_REQUIRE_GUEST=1 (.ci/run) makes that a failure.
+beside guest "$bin/python" -m pytest -p no:xdist -m guest -rs --durations=0 "$@"
+
 # The other end of meta/runtime.yml's requires_ansible: the installed
 # collection, read-only, on the oldest ansible-core it admits, in a venv the
 # test makes (the suite above runs on the pinned, newest one). Mostly waiting
@@ -134,11 +141,12 @@ beside oldest_core "$bin/python" -m pytest -p no:xdist -m oldest_core -rs --dura
 
 step "tests (beside them, in the background: ${jobs_beside[*]})"
 rc=0
-"$bin/python" -m pytest -n "${CPUPOOLS_TEST_JOBS:-2}" -m "not molecule and not pidreuse and not oldest_core" "$@" || rc=$?
+"$bin/python" -m pytest -n "${CPUPOOLS_TEST_JOBS:-2}" -m "not molecule and not pidreuse and not oldest_core and not guest" "$@" || rc=$?
 
 finish lint "lint: ansible-lint, module docs: ansible-doc" "0"
 finish pidreuse "CMK v1.4 interleaving, in a PID namespace of its own" "0 5"
 finish oldest_core "the installed collection on the oldest supported ansible-core" "0 5"
 finish molecule "molecule platform and scenarios" "0 5"
+finish guest "the real-kernel scenario in a qemu guest" "0 5"
 [ "$rc" = 0 ] || exit "$rc"
 exit "$failed"

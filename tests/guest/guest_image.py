@@ -1,0 +1,287 @@
+"""The Debian 12 guest image the real-kernel scenario boots (issue 28).
+
+Built from Debian packages with mmdebstrap, no installer and no cloud image:
+a minimal bookworm with the stock kernel (linux-image-amd64), GRUB on its own
+virtual disk, systemd-networkd (DHCP), OpenSSH with root login by a key made
+for the test, python3 for Ansible and rt-tests (oslat) preinstalled, since the
+guest has no route to the archive.
+
+GRUB is installed by the guest itself: the first boot goes through qemu's
+``-kernel``/``-initrd`` with a one-shot unit that runs ``grub-install
+/dev/vda`` and ``update-grub``, then powers off. Every later boot goes through
+that GRUB, so cpupools' kernel stage (a drop-in in /etc/default/grub.d and
+update-grub) takes effect on the guest's reboot as on any Debian node.
+
+The image is cached outside the checkout, in
+``${XDG_CACHE_HOME:-~/.cache}/cpupools/guest/<recipe hash>/`` (the hash is this
+file's text: change the recipe, get a new image). A build runs under a lock in
+a directory of its own and is renamed into place only when complete, so a
+concurrent build waits and a killed one leaves nothing a later run trusts.
+Tests boot a qcow2 overlay on it; the base stays untouched.
+
+    python tests/guest/guest_image.py          build (or find) the image, print its directory
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import inspect
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SUITE = "bookworm"
+MIRROR = "http://deb.debian.org/debian"
+SECURITY = "http://deb.debian.org/debian-security"
+PACKAGES = (
+    "linux-image-amd64",
+    "grub-pc",
+    "initramfs-tools",
+    "systemd-sysv",
+    "udev",
+    "dbus",
+    "kmod",
+    "e2fsprogs",
+    "iproute2",
+    "procps",
+    "openssh-server",
+    "python3",
+    "rt-tests",  # oslat, for verify's latency check
+)
+#: The root file system's size; sparse, so the cache holds only what is written (~0.9 GB).
+DISK_MB = 3072
+#: How long the first boot (grub-install, update-grub, power off) may take under TCG.
+FIRSTBOOT_TIMEOUT = 600
+FIRSTBOOT_DONE = "cpupools-firstboot: grub installed"
+
+#: Files written into the root file system, path -> (mode, text).
+FILES = {
+    "etc/hostname": (0o644, "cpupools-guest\n"),
+    "etc/hosts": (0o644, "127.0.0.1 localhost\n127.0.1.1 cpupools-guest\n"),
+    "etc/fstab": (0o644, "/dev/vda1 / ext4 defaults,errors=remount-ro 0 1\n"),
+    "etc/systemd/network/10-dhcp.network": (0o644, "[Match]\nName=en*\n\n[Network]\nDHCP=ipv4\n"),
+    # The serial console carries the boot log the tests show when a step fails;
+    # no menu wait. cpupools' drop-in (grub.d/99-cpupools.cfg) appends to
+    # GRUB_CMDLINE_LINUX.
+    "etc/default/grub": (
+        0o644,
+        'GRUB_DEFAULT=0\nGRUB_TIMEOUT=0\nGRUB_DISTRIBUTOR="Debian"\n'
+        'GRUB_CMDLINE_LINUX_DEFAULT="console=ttyS0,115200"\nGRUB_CMDLINE_LINUX=""\n'
+        'GRUB_TERMINAL="serial"\nGRUB_SERIAL_COMMAND="serial --unit=0 --speed=115200"\n'
+        "GRUB_DISABLE_OS_PROBER=true\n",
+    ),
+    "etc/ssh/sshd_config.d/cpupools-guest.conf": (0o644, "PermitRootLogin prohibit-password\nUseDNS no\n"),
+    "usr/local/sbin/cpupools-firstboot": (
+        0o755,
+        "#!/bin/sh\n"
+        "# First boot only (by qemu -kernel): GRUB onto this disk, then power off.\n"
+        "set -e\n"
+        "grub-install --target=i386-pc /dev/vda\n"
+        "update-grub\n"
+        "systemctl disable cpupools-firstboot.service\n"
+        "rm -f /usr/local/sbin/cpupools-firstboot /etc/systemd/system/cpupools-firstboot.service\n"
+        "sync\n"
+        f"echo '{FIRSTBOOT_DONE}' >/dev/ttyS0\n"
+        "systemctl poweroff\n",
+    ),
+    "etc/systemd/system/cpupools-firstboot.service": (
+        0o644,
+        "[Unit]\nDescription=Install GRUB on the guest's disk (cpupools test image, first boot)\n"
+        "After=local-fs.target\n\n"
+        "[Service]\nType=oneshot\nExecStart=/usr/local/sbin/cpupools-firstboot\n"
+        "StandardOutput=journal+console\nStandardError=journal+console\n\n"
+        "[Install]\nWantedBy=multi-user.target\n",
+    ),
+}
+ENABLE = ("systemd-networkd.service", "ssh.service", "cpupools-firstboot.service")
+#: Nothing that would wake up during a test and compete for the emulated CPUs.
+MASK = ("apt-daily.timer", "apt-daily-upgrade.timer", "e2scrub_all.timer", "fstrim.timer", "man-db.timer")
+
+
+def recipe_hash() -> str:
+    """What the image is made of: the recipe's values and the build steps' code (not this module's prose)."""
+    recipe = repr((SUITE, MIRROR, SECURITY, PACKAGES, DISK_MB, FILES, ENABLE, MASK))
+    code = "".join(inspect.getsource(step) for step in (_rootfs, _disk, _firstboot))
+    return hashlib.sha256((recipe + code).encode()).hexdigest()[:12]
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "cpupools" / "guest"
+
+
+def missing_tools() -> list[str]:
+    tools = ("mmdebstrap", "mkfs.ext4", "sfdisk", "ssh-keygen", "qemu-img", "qemu-system-x86_64")
+    return [tool for tool in tools if shutil.which(tool) is None]
+
+
+def _run(argv: list[str], log, **kw) -> None:
+    log.write(f"$ {' '.join(argv)}\n")
+    log.flush()
+    subprocess.run(argv, check=True, stdout=log, stderr=subprocess.STDOUT, **kw)
+
+
+def _rootfs(work: Path, log) -> Path:
+    rootfs = work / "rootfs"
+    argv = [
+        "mmdebstrap",
+        "--quiet",
+        "--variant=minbase",
+        "--mode=root" if os.geteuid() == 0 else "--mode=unshare",
+        "--aptopt=APT::Install-Recommends false",
+        f"--include={','.join(PACKAGES)}",
+        SUITE,
+        str(rootfs),
+        f"deb {MIRROR} {SUITE} main",
+        f"deb {MIRROR} {SUITE}-updates main",
+        f"deb {SECURITY} {SUITE}-security main",
+    ]
+    _run(argv, log)
+    for rel, (mode, text) in FILES.items():
+        path = rootfs / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        path.chmod(mode)
+    ssh = rootfs / "root" / ".ssh"
+    ssh.mkdir(mode=0o700, exist_ok=True)
+    (ssh / "authorized_keys").write_text((work / "id_ed25519.pub").read_text())
+    (ssh / "authorized_keys").chmod(0o600)
+    _run(["systemctl", f"--root={rootfs}", "enable", *ENABLE], log)
+    _run(["systemctl", f"--root={rootfs}", "mask", *MASK], log)
+    _run(["systemctl", f"--root={rootfs}", "set-default", "multi-user.target"], log)
+    # Every overlay boots with a machine id of its own (systemd makes one on first boot).
+    (rootfs / "etc" / "machine-id").write_text("")
+    return rootfs
+
+
+def _disk(rootfs: Path, work: Path, log) -> Path:
+    """A raw disk: an MBR with one bootable ext4 partition from 1 MiB, no loop device needed."""
+    part = work / "part.img"
+    _run(["mkfs.ext4", "-q", "-F", "-L", "cpupools-root", "-d", str(rootfs), str(part), f"{DISK_MB - 1}M"], log)
+    disk = work / "disk.raw"
+    with disk.open("wb") as f:
+        f.truncate(DISK_MB * 1024 * 1024)
+    _run(["sfdisk", "--quiet", str(disk)], log, input=b"label: dos\nstart=2048, type=83, bootable\n")
+    _run(["dd", f"if={part}", f"of={disk}", "bs=1M", "seek=1", "conv=notrunc,sparse", "status=none"], log)
+    part.unlink()
+    return disk
+
+
+def _firstboot(rootfs: Path, disk: Path, work: Path, log) -> None:
+    kernel = sorted((rootfs / "boot").glob("vmlinuz-*"))[-1]
+    initrd = sorted((rootfs / "boot").glob("initrd.img-*"))[-1]
+    console = work / "firstboot-console.log"
+    argv = [
+        "qemu-system-x86_64",
+        "-accel",
+        "tcg,thread=multi",
+        "-m",
+        "1024",
+        "-smp",
+        "2",
+        "-cpu",
+        "max",
+        "-display",
+        "none",
+        "-vga",
+        "none",
+        "-no-reboot",
+        "-drive",
+        f"file={disk},if=virtio,format=raw",
+        "-nic",
+        "none",
+        "-serial",
+        f"file:{console}",
+        "-kernel",
+        str(kernel),
+        "-initrd",
+        str(initrd),
+        "-append",
+        "root=/dev/vda1 rw console=ttyS0,115200",
+    ]
+    log.write(f"$ {' '.join(argv)}\n")
+    log.flush()
+    try:
+        subprocess.run(argv, check=True, stdout=log, stderr=subprocess.STDOUT, timeout=FIRSTBOOT_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"the first boot did not power off in {FIRSTBOOT_TIMEOUT} s; console: {console}") from None
+    if FIRSTBOOT_DONE not in console.read_text(errors="replace"):
+        raise RuntimeError(f"the first boot did not install GRUB; console: {console}")
+
+
+def _remove(path: Path) -> None:
+    """Remove a killed build's directory: first what a killed mmdebstrap left mounted in it (/proc, /sys, /dev)."""
+    prefix = f"{path}/"
+    with open("/proc/self/mountinfo") as f:
+        mounts = [line.split()[4] for line in f]
+    for mount in sorted((m for m in mounts if m.startswith(prefix)), key=len, reverse=True):
+        subprocess.run(["umount", "--lazy", mount], check=False)
+    if any(m.startswith(prefix) for m in Path("/proc/self/mountinfo").read_text().split()):
+        raise RuntimeError(f"{path} still has file systems mounted in it; unmount them and remove it")
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _build(work: Path, log) -> dict:
+    timings = {}
+    start = time.monotonic()
+    key = ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "cpupools-guest-test", "-f"]
+    _run([*key, str(work / "id_ed25519")], log)
+    rootfs = _rootfs(work, log)
+    timings["rootfs_s"] = round(time.monotonic() - start, 1)
+    disk = _disk(rootfs, work, log)
+    timings["disk_s"] = round(time.monotonic() - start - timings["rootfs_s"], 1)
+    mark = time.monotonic()
+    _firstboot(rootfs, disk, work, log)
+    timings["firstboot_s"] = round(time.monotonic() - mark, 1)
+    shutil.rmtree(rootfs)
+    _run(["qemu-img", "convert", "-O", "qcow2", str(disk), str(work / "base.qcow2")], log)
+    disk.unlink()
+    timings["total_s"] = round(time.monotonic() - start, 1)
+    return timings
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return ""
+    return f"--- {path.name}, last {lines} lines:\n" + "\n".join(text) + "\n"
+
+
+def build(log=None) -> Path:
+    """The cached image's directory (base.qcow2, id_ed25519, timings), built if missing."""
+    root = cache_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / recipe_hash()
+    if (final / "base.qcow2").is_file():
+        return final
+    with (root / "build.lock").open("w") as lock, contextlib.ExitStack() as stack:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a concurrent build finishes first; then it is found below
+        if (final / "base.qcow2").is_file():
+            return final
+        for stale in root.glob("*.building-*"):  # a killed build's directory
+            _remove(stale)
+        work = root / f"{final.name}.building-{os.getpid()}"
+        work.mkdir()
+        stack.callback(lambda: work.exists() and _remove(work))  # gone once renamed into place
+        if log is None:
+            log = stack.enter_context((work / "build.log").open("w"))
+        try:
+            timings = _build(work, log)
+        except (OSError, subprocess.SubprocessError, RuntimeError) as exc:
+            log.flush()
+            tails = _tail(work / "build.log") + _tail(work / "firstboot-console.log")
+            raise RuntimeError(f"building the guest image in {work} failed: {exc}\n{tails}") from exc
+        (work / "timings").write_text("".join(f"{k} {v}\n" for k, v in timings.items()))
+        (work / "base.qcow2").chmod(0o444)  # tests boot overlays; nothing writes the base
+        os.rename(work, final)  # atomic: the directory appears complete or not at all
+    return final
+
+
+if __name__ == "__main__":
+    print(build(log=sys.stderr))

@@ -1,0 +1,192 @@
+"""Boot the cached Debian guest (tests/guest/guest_image.py) under qemu TCG and reach it over SSH.
+
+The guest's shape is a small two-socket server: 8 CPUs as 2 sockets x 2 cores x
+2 threads (``-cpu max,vendor=GenuineIntel``: with the Intel vendor the guest
+kernel reads SMT siblings from the CPUID topology leaves), two NUMA nodes of
+1 GiB each, a virtio disk (a qcow2 overlay on the cached base) and a virtio
+NIC on qemu's user network with the guest's port 22 forwarded to a free port
+on 127.0.0.1. The serial console goes to a file, shown when a step fails.
+
+Software emulation (TCG): this machine's /dev/kvm cannot boot a stock kernel,
+and CI machines may have none.
+
+    python tests/guest/guest_vm.py          boot a guest, print how to reach it, wait for Ctrl-C
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import guest_image as image
+
+#: -smp and the NUMA nodes: CPUs 0-3 (socket 0) on node 0, 4-7 (socket 1) on node 1.
+SMP = "8,sockets=2,cores=2,threads=2"
+NUMA_NODES = (("0-3", "1G"), ("4-7", "1G"))
+SSH_TIMEOUT = 420
+SSH_OPTS = (
+    "-o",
+    "StrictHostKeyChecking=no",
+    "-o",
+    "UserKnownHostsFile=/dev/null",
+    "-o",
+    "IdentitiesOnly=yes",
+    "-o",
+    "LogLevel=ERROR",
+    "-o",
+    "BatchMode=yes",
+)
+
+
+def qemu_missing() -> str | None:
+    """Why no guest can be booted here, or None."""
+    missing = image.missing_tools()
+    if missing:
+        return (
+            f"the real-kernel guest needs {', '.join(missing)}: install Debian's qemu-system-x86, qemu-utils,"
+            " mmdebstrap, e2fsprogs, fdisk and openssh-client (scripts/setup-system.sh does, as root)"
+        )
+    if os.geteuid() != 0:
+        return "building the real-kernel guest image needs root (mmdebstrap --mode=root)"
+    return None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Guest:
+    """One running guest on an overlay of the cached image; ``stop()`` kills qemu, always."""
+
+    def __init__(self, base_dir: Path, work: Path):
+        self.base_dir = base_dir
+        self.work = work
+        self.key = base_dir / "id_ed25519"
+        self.overlay = work / "disk.qcow2"
+        self.console = work / "console.log"
+        self.port = 0
+        self.proc: subprocess.Popen | None = None
+
+    def argv(self) -> list[str]:
+        argv = [
+            "qemu-system-x86_64",
+            "-accel",
+            "tcg,thread=multi",
+            "-cpu",
+            "max,vendor=GenuineIntel",
+            "-smp",
+            SMP,
+            "-m",
+            "2G",
+        ]
+        for node, (cpus, size) in enumerate(NUMA_NODES):
+            argv += ["-object", f"memory-backend-ram,id=mem{node},size={size}"]
+            argv += ["-numa", f"node,nodeid={node},cpus={cpus},memdev=mem{node}"]
+        argv += [
+            "-display",
+            "none",
+            "-vga",
+            "none",
+            "-drive",
+            f"file={self.overlay},if=virtio,format=qcow2",
+            "-netdev",
+            f"user,id=net0,hostfwd=tcp:127.0.0.1:{self.port}-:22",
+            "-device",
+            "virtio-net-pci,netdev=net0",
+            "-serial",
+            f"file:{self.console}",
+        ]
+        return argv
+
+    def start(self) -> None:
+        self.work.mkdir(parents=True, exist_ok=True)
+        base = str(self.base_dir / "base.qcow2")
+        subprocess.run(
+            ["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", base, str(self.overlay)], check=True
+        )
+        for _ in range(5):  # a port taken between free_port() and qemu's bind: try another
+            self.port = free_port()
+            self.proc = subprocess.Popen(
+                self.argv(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+            )
+            time.sleep(1)
+            if self.proc.poll() is None:
+                return
+            out = self.proc.stdout.read().decode(errors="replace") if self.proc.stdout else ""
+            if "hostfwd" not in out and "Could not set up host forwarding" not in out:
+                raise RuntimeError(f"qemu exited with status {self.proc.returncode}: {out}")
+        raise RuntimeError("qemu could not bind a free port for SSH in 5 tries")
+
+    def ssh_argv(self, *command: str) -> list[str]:
+        return ["ssh", *SSH_OPTS, "-i", str(self.key), "-p", str(self.port), "root@127.0.0.1", *command]
+
+    def ssh(self, command: str, timeout: float = 120) -> str:
+        proc = subprocess.run(self.ssh_argv(command), capture_output=True, text=True, timeout=timeout, check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(f"ssh {command!r}: status {proc.returncode}: {proc.stderr.strip()}\n{self.tail()}")
+        return proc.stdout
+
+    def wait_for_ssh(self, timeout: float = SSH_TIMEOUT) -> float:
+        """Seconds until the guest answered over SSH; raises (with the console's tail) after ``timeout``."""
+        start = time.monotonic()
+        while time.monotonic() - start < timeout:
+            if self.proc is None or self.proc.poll() is not None:
+                raise RuntimeError(f"qemu exited while the guest booted\n{self.tail()}")
+            proc = subprocess.run(
+                self.ssh_argv("true"), capture_output=True, timeout=60, check=False, stdin=subprocess.DEVNULL
+            )
+            if proc.returncode == 0:
+                return time.monotonic() - start
+            time.sleep(2)
+        raise RuntimeError(f"no SSH from the guest in {timeout:.0f} s\n{self.tail()}")
+
+    def tail(self, lines: int = 60) -> str:
+        try:
+            text = self.console.read_text(errors="replace")
+        except OSError:
+            return f"(no console log at {self.console})"
+        return f"--- the guest's serial console ({self.console}), last {lines} lines:\n" + "\n".join(
+            text.splitlines()[-lines:]
+        )
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGKILL)  # its own session: qemu and nothing else
+        self.proc.wait(timeout=30)
+
+    def inventory_host(self) -> dict:
+        return {
+            "ansible_host": "127.0.0.1",
+            "ansible_port": self.port,
+            "ansible_user": "root",
+            "ansible_ssh_private_key_file": str(self.key),
+            "ansible_ssh_common_args": " ".join(SSH_OPTS),
+            "ansible_python_interpreter": "/usr/bin/python3",
+            "ansible_pipelining": True,
+        }
+
+
+if __name__ == "__main__":
+    reason = qemu_missing()
+    if reason:
+        sys.exit(reason)
+    work = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/cpupools-guest")
+    shutil.rmtree(work, ignore_errors=True)
+    guest = Guest(image.build(log=sys.stderr), work)
+    guest.start()
+    try:
+        print(f"booting; console: {guest.console}", flush=True)
+        print(f"SSH after {guest.wait_for_ssh():.0f} s: {' '.join(guest.ssh_argv())}", flush=True)
+        signal.pause()
+    finally:
+        guest.stop()
