@@ -204,3 +204,31 @@ def test_a_node_whose_every_core_has_an_offline_sibling_is_refused_by_the_number
         plan_pools(topo, make_request({"num_exclusive_cores": 1, "num_shared_cores": 0, "runtime": runtime}))
     assert err.value.field == "num_exclusive_cores"
     assert "offline sibling" in str(err.value) or "reserved core" in str(err.value)
+
+
+def test_shared_takes_the_half_core_exclusive_cannot_use():
+    # Found by the property above in CI: cores 0 (0,3) and 1 (1,4), and core 2 whose sibling (CPU 5) is
+    # offline. Housekeeping takes core 0; exclusive may only take core 1 (a half core is never isolated);
+    # shared, chosen first on the node, took core 1 too and left exclusive nothing (StopIteration).
+    def cpu(n, core, siblings):
+        return Cpu(
+            id=n, socket=0, die=0, node=0, core_id=core, siblings=siblings,
+            base_frequency_khz=None, l3=None, l2=10000, core_type=None, capacity=None,
+        )  # fmt: skip
+
+    cpus = {0: cpu(0, 0, (0, 3)), 3: cpu(3, 0, (0, 3)), 1: cpu(1, 1, (1, 4)), 4: cpu(4, 1, (1, 4))}
+    cpus[2] = cpu(2, 2, (2,))
+    topo = Topology(
+        cpus=cpus,
+        offline=(5,),
+        kernel=KernelArgs(cmdline="", isolcpus=(), isolcpus_flags=(), isolcpus_set=False, nohz_full=None,
+                          rcu_nocbs=None, irqaffinity=None, isolated_active=(), nohz_full_active=()),
+        numa_distances={},
+        present=(0, 1, 2, 3, 4, 5),
+        possible=(0, 1, 2, 3, 4, 5),
+        smt_control=None,
+        smt_active=None,
+    )  # fmt: skip
+    raw = {"num_exclusive_cores": 1, "num_shared_cores": 1, "infra_cores": "auto", "runtime": "nri-topology-aware"}
+    plan = plan_pools(topo, make_request(raw))
+    assert plan["pool_cpus"] == {"exclusive": "1,4", "shared": "2", "infra": "0,3"}

@@ -555,13 +555,21 @@ def _place(
             taken = {c.index for c in mine}
             shared_cores += [c for c in candidates if c.index not in taken]
             continue
-        mine_shared = _tiered(candidates, s_count.get(key, 0), _shared_tier(topo, dirt))
-        shared_cores += mine_shared
-        node_dirt = _Dirt(set(dirt.l3), set(dirt.l2))
-        node_dirt.add(mine_shared)
+        tier = _shared_tier(topo, dirt)
+        mine_shared = _tiered(candidates, s_count.get(key, 0), tier)
         taken = {c.index for c in mine_shared}
         rest = [c for c in excl_nodes.get(key, []) if c.index not in taken]
         want = len(rest) if req.num_exclusive_cores == -1 else e_count.get(key, 0)
+        if len(rest) < want:
+            # Shared took cores only exclusive can use (a node with half cores, whose sibling is
+            # offline, or E cores the exclusive pool may not take): cores exclusive cannot use first.
+            eligible = {c.index for c in excl_nodes.get(key, [])}
+            mine_shared = _tiered(candidates, s_count.get(key, 0), lambda c: (c.index in eligible, *tier(c)))
+            taken = {c.index for c in mine_shared}
+            rest = [c for c in excl_nodes.get(key, []) if c.index not in taken]
+        shared_cores += mine_shared
+        node_dirt = _Dirt(set(dirt.l3), set(dirt.l2))
+        node_dirt.add(mine_shared)
         exclusive_by_node[key] = _tiered(rest, want, _exclusive_tier(topo, node_dirt, prefer))
     if req.num_exclusive_cores == -1:
         # hand-out order: node after node (packed) or the spread sequence over what each node got
