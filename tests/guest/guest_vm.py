@@ -141,9 +141,14 @@ class Guest:
         while time.monotonic() - start < timeout:
             if self.proc is None or self.proc.poll() is not None:
                 raise RuntimeError(f"qemu exited while the guest booted\n{self.tail()}")
-            proc = subprocess.run(
-                self.ssh_argv("true"), capture_output=True, timeout=60, check=False, stdin=subprocess.DEVNULL
-            )
+            try:
+                proc = subprocess.run(
+                    self.ssh_argv("true"), capture_output=True, timeout=30, check=False, stdin=subprocess.DEVNULL
+                )
+            except subprocess.TimeoutExpired:
+                # qemu's user network accepts the connection before the guest's sshd can answer it:
+                # ssh then waits for a banner that a guest still booting (slower on a loaded machine) never sends.
+                continue
             if proc.returncode == 0:
                 return time.monotonic() - start
             time.sleep(2)
