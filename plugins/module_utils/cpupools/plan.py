@@ -564,7 +564,7 @@ def _place(
             # Shared took cores only exclusive can use (a node with half cores, whose sibling is
             # offline, or E cores the exclusive pool may not take): cores exclusive cannot use first.
             eligible = {c.index for c in excl_nodes.get(key, [])}
-            mine_shared = _tiered(candidates, s_count.get(key, 0), lambda c: (c.index in eligible, *tier(c)))
+            mine_shared = _tiered(candidates, s_count.get(key, 0), lambda c, e=eligible, t=tier: (c.index in e, *t(c)))
             taken = {c.index for c in mine_shared}
             rest = [c for c in excl_nodes.get(key, []) if c.index not in taken]
         shared_cores += mine_shared
