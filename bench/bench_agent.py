@@ -37,9 +37,9 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "plugins", "module_utils"))
 
-from cpupools import agent_report  # noqa: E402
-from cpupools import state as st  # noqa: E402
-from cpupools import state_writer as sw  # noqa: E402
+from cpupools.agent import agent_report  # noqa: E402
+from cpupools.node import state as st  # noqa: E402
+from cpupools.node import state_writer as sw  # noqa: E402
 
 ENV = {k: v for k, v in os.environ.items() if not k.startswith("CMK_")}
 ENV["PATH"] = "/usr/bin:/bin"

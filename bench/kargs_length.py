@@ -15,10 +15,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "plugins", "module_utils"))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "fixtures"))
 
-from cpupools import kargs  # noqa: E402
-from cpupools.cpulist import format_cpulist  # noqa: E402
-from cpupools.plan import make_request, plan_pools  # noqa: E402
-from cpupools.topology import gather_topology  # noqa: E402
+from cpupools.core.cpulist import format_cpulist  # noqa: E402
+from cpupools.hardware.topology import gather_topology  # noqa: E402
+from cpupools.node import kargs  # noqa: E402
+from cpupools.planning.plan import make_request, plan_pools  # noqa: E402
 from sysfs import CORPUS, write_tree  # noqa: E402
 
 CASES = {

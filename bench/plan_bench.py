@@ -20,8 +20,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / "plugins" / "module_utils"), str(REPO / "tests" / "fixtures")]
 
-from cpupools.plan import make_request, plan_pools  # noqa: E402
-from cpupools.topology import Topology, gather_topology  # noqa: E402
+from cpupools.hardware.topology import Topology, gather_topology  # noqa: E402
+from cpupools.planning.plan import make_request, plan_pools  # noqa: E402
 from sysfs import CORPUS, write_tree  # noqa: E402
 
 REQUESTS = {

@@ -13,9 +13,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.join(HERE, "..", "plugins", "module_utils"), os.path.join(HERE, "..", "tests", "fixtures")]
 
-from cpupools.plan import make_request, plan_pools  # noqa: E402
-from cpupools.report import TEMPLATE, analyse, page_model, render_page, text_lines  # noqa: E402
-from cpupools.topology import gather_topology  # noqa: E402
+from cpupools.hardware.topology import gather_topology  # noqa: E402
+from cpupools.planning.plan import make_request, plan_pools  # noqa: E402
+from cpupools.report.report import TEMPLATE, analyse, page_model, render_page, text_lines  # noqa: E402
 from sysfs import CORPUS, write_tree  # noqa: E402
 
 PAGE = os.path.join(HERE, "..", "roles", "cpupools_report", "templates", TEMPLATE)

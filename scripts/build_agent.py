@@ -55,7 +55,7 @@ LAUNCHER = (
     "import sys\n\n"
     'sys.path.insert(0, os.path.realpath(__file__) + ".pyz")\n'
     "try:\n"
-    "    from cpupools.agent import main\n"
+    "    from cpupools.agent.agent import main\n"
     "except ImportError as exc:\n"
     '    sys.stderr.write(f"cmk: cannot load {{sys.path[0]}}: {{exc}}\\n")\n'
     "    sys.exit(70)\n"
@@ -64,7 +64,7 @@ LAUNCHER = (
 MAIN = (
     '"""cmk: the cpupools node agent (built by scripts/build_agent.py)."""\n'
     "import sys\n\n"
-    "from cpupools.agent import main\n\n"
+    "from cpupools.agent.agent import main\n\n"
     "sys.exit(main())\n"
 )
 
@@ -86,10 +86,13 @@ def _pyc(name: str, source: bytes) -> bytes:
 def build() -> bytes:
     """The zipapp bytes: shebang + zip of ``__main__`` and the ``cpupools`` package."""
     files = {"__main__.py": MAIN.encode()}
-    for name in sorted(os.listdir(PACKAGE_DIR)):
-        if name.endswith(".py"):
-            with open(os.path.join(PACKAGE_DIR, name), "rb") as handle:
-                files[f"cpupools/{name}"] = handle.read()
+    for folder, dirs, names in os.walk(PACKAGE_DIR):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(names):
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                with open(path, "rb") as handle:
+                    files["cpupools/" + os.path.relpath(path, PACKAGE_DIR).replace(os.sep, "/")] = handle.read()
     buf = io.BytesIO()
     buf.write(SHEBANG)
     with zipfile.ZipFile(buf, "w") as zf:

@@ -25,12 +25,12 @@ LONGEST = (
     "tests/agent/test_state_crash.py::test_a_kill_at_any_system_call",
     "tests/playbook/test_check_mode.py::test_fresh_rerun_resize_uninstall",
     "tests/playbook/test_kubelet_playbook.py::test_kubelet_runtime_end_to_end",
-    "tests/k8s/test_migrate_playbook.py::test_migrate_in_check_mode",
+    "tests/cluster/test_migrate_playbook.py::test_migrate_in_check_mode",
     "tests/agent/test_isolate_shell.py::test_role_writes_the_node_default",
     "tests/playbook/test_hugepages_playbook.py::test_check_then_converge",
     "tests/agent/test_agent_faults.py::test_isolate_killed_at_every_call",
     "tests/agent/test_agent_role.py::test_install_is_idempotent",
-    "tests/k8s/test_admission_role.py::test_uninstalling_some_nodes",
+    "tests/cluster/test_admission_role.py::test_uninstalling_some_nodes",
     "tests/collection/",
 )
 

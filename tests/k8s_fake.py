@@ -1451,7 +1451,7 @@ class FakeKube:
 
     def _admission_object(self, body, api, kind, resource) -> dict:
         """The object with the server's defaults. Not validated: the real server of the tests checks the
-        policy's fields and CEL (tests/k8s/test_admission_cel.py); the fake serves older servers only."""
+        policy's fields and CEL (tests/cluster/test_admission_cel.py); the fake serves older servers only."""
         if not isinstance(body, dict) or body.get("apiVersion") != api or body.get("kind") != kind:
             raise ApiError(400, f"the body must be a {api} {kind}")
         name = (body.get("metadata") or {}).get("name") or ""

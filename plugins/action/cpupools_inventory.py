@@ -6,7 +6,7 @@ One task, run once, before any slice writes: it reads each host's variables
 from the inventory (``hostvars``, which hold every host of the inventory
 whatever the run's ``--limit``; an AWX/AAP job slice gets an inventory of
 its own hosts only, so there playbooks/check.yml runs first, unsliced), runs the
-one input check (module_utils/cpupools/inputs.py) on each, and refuses the
+one input check (module_utils/cpupools/planning/inputs.py) on each, and refuses the
 run naming every bad host. No node is contacted and no module process runs.
 A value that cannot be templated on the controller (it needs a fact of the
 node) is left to the plan play, which checks it on the node as before.
@@ -16,7 +16,7 @@ import time
 
 from ansible.errors import AnsibleError
 from ansible.plugins.action import ActionBase
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.inputs import (
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.planning.inputs import (
     check_inventory,
     inventory_refusal,
 )

@@ -21,8 +21,8 @@ import time
 from collections.abc import Mapping
 
 from ansible.plugins.action import ActionBase
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.errors import CpupoolsError
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.report import ARGUMENT_SPEC, report
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.core.errors import CpupoolsError
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.report.report import ARGUMENT_SPEC, report
 from ansible_collections.cpupools.cpupools.plugins.plugin_utils.inputs import checked_args
 
 #: Report input key -> the host variable it is read from (docs/report.md, input schema).

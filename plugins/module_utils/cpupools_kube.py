@@ -17,7 +17,7 @@ import json
 import os
 import re
 
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.errors import K8sError
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.core.errors import K8sError
 
 try:
     import urllib3

@@ -92,10 +92,10 @@ server:
 """
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.cmk_retire import retire
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.errors import CpupoolsError
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.k8s import check_node_name
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.k8s_apply import Api
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.cluster.cmk_retire import retire
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.cluster.k8s import check_node_name
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.cluster.k8s_apply import Api
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.core.errors import CpupoolsError
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools_kube import (
     CONNECTION_ARGS,
     HAS_KUBERNETES,

@@ -30,7 +30,7 @@ options:
   inputs:
     description:
       - Every C(cpupools_*) variable of the host, by full name (see
-        module_utils/cpupools/inputs.py for the spec of each).
+        module_utils/cpupools/planning/inputs.py for the spec of each).
       - The module needs them; its action (on the controller) fills them in
         with every C(cpupools_*) variable of the host when the task omits them.
     type: dict
@@ -173,33 +173,40 @@ import importlib
 import sys
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.nodecode import installed_build, parse_build
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node.nodecode import (
+    installed_build,
+    parse_build,
+)
 
-#: The modules of the cpupools package this module calls.
-PARTS = ("converge", "errors", "host_plan", "hugepages", "inputs", "plan", "topology")
+#: The modules of the cpupools package this module calls, by their place in it.
+PARTS = (
+    "node.converge",
+    "core.errors",
+    "planning.host_plan",
+    "node.hugepages",
+    "planning.inputs",
+    "planning.plan",
+    "hardware.topology",
+)
 
 
 def load(pyz):
     """The package's modules, from the node's ``cmk.pyz`` (``pyz``, the controller's build) or from the payload.
 
-    Both hold the same sources (module_utils/cpupools/nodecode.py says why and when):
+    Both hold the same sources (module_utils/cpupools/node/nodecode.py says why and when):
     the node's copy has them compiled already.
     """
     if pyz:
         sys.path.insert(0, pyz)
-        return {name: importlib.import_module(f"cpupools.{name}") for name in PARTS}
+        return {name.rpartition(".")[2]: importlib.import_module(f"cpupools.{name}") for name in PARTS}
     # Written out, so that Ansible ships the package in the payload.
-    from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools import (
-        converge,
-        errors,
-        host_plan,
-        hugepages,
-        inputs,
-        plan,
-        topology,
-    )
+    from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.core import errors
+    from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.hardware import topology
+    from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node import converge, hugepages
+    from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.planning import host_plan, inputs, plan
 
-    return dict(zip(PARTS, (converge, errors, host_plan, hugepages, inputs, plan, topology), strict=True))
+    loaded = (converge, errors, host_plan, hugepages, inputs, plan, topology)
+    return {name.rpartition(".")[2]: module for name, module in zip(PARTS, loaded, strict=True)}
 
 
 ARGUMENT_SPEC = {

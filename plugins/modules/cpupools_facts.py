@@ -152,12 +152,12 @@ ansible_facts:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.errors import CpupoolsError
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.hugepages import read_hugepages
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.topology import (
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.core.errors import CpupoolsError
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.hardware.topology import (
     check_facts_root,
     gather_topology,
 )
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node.hugepages import read_hugepages
 
 ARGUMENT_SPEC = {
     "root": {"type": "path", "default": "/"},

@@ -10,7 +10,7 @@ description:
   - Runs once on the controller (C(run_once)) and checks the C(cpupools_*)
     variables of every host of the inventory group O(group), or of O(hosts),
     with the same check the plan play runs on each node
-    (C(plugins/module_utils/cpupools/inputs.py)), leaving out only what needs
+    (C(plugins/module_utils/cpupools/planning/inputs.py)), leaving out only what needs
     the node's topology (a cpulist beyond its CPUs, pools that fit its
     cores, a root or group on the node), which the plan play checks.
   - Its action reads the variables from C(hostvars), which hold every host
@@ -79,7 +79,7 @@ seconds:
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.inputs import (
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.planning.inputs import (
     check_inventory,
     inventory_refusal,
 )

@@ -123,17 +123,17 @@ server:
 """
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.errors import CpupoolsError
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.k8s import (
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.cluster.k8s import (
     DEFAULT_ENI_RESOURCE,
     DEFAULT_EXCLUSIVE_RESOURCE,
 )
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.k8s_admission import (
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.cluster.k8s_admission import (
     DEFAULT_OPT_IN,
     FAILURE_POLICIES,
     ensure_admission,
 )
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.k8s_apply import Api
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.cluster.k8s_apply import Api
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.core.errors import CpupoolsError
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools_kube import (
     CONNECTION_ARGS,
     HAS_KUBERNETES,

@@ -142,8 +142,7 @@ conflicts:
 """
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.errors import CpupoolsError
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.k8s import (
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.cluster.k8s import (
     DEFAULT_ENI_RESOURCE,
     DEFAULT_EXCLUSIVE_RESOURCE,
     DEFAULT_LABEL_DOMAIN,
@@ -151,13 +150,14 @@ from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.k8s imp
     desired_node,
     layout_object,
 )
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.k8s_apply import (
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.cluster.k8s_apply import (
     Api,
     ensure_crd,
     ensure_layout,
     ensure_node,
     remove_layout,
 )
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.core.errors import CpupoolsError
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools_kube import (
     CONNECTION_ARGS,
     HAS_KUBERNETES,

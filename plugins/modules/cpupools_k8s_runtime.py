@@ -106,10 +106,11 @@ labels:
 """
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.errors import CpupoolsError, K8sError
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.k8s import check_node_name
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.k8s_apply import Api
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.runtimes import CONFIG_RUNTIMES, ensure_runtime
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.cluster.k8s import check_node_name
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.cluster.k8s_apply import Api
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.cluster.runtimes_apply import ensure_runtime
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.core.errors import CpupoolsError, K8sError
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.planning.runtimes import CONFIG_RUNTIMES
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools_kube import (
     CONNECTION_ARGS,
     HAS_KUBERNETES,

@@ -252,9 +252,9 @@ import os
 import socket
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools import bootloader, kargs
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.converge import kernel_exports
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.errors import CpupoolsError
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.core.errors import CpupoolsError
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node import bootloader, kargs
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node.converge import kernel_exports
 
 ARGUMENT_SPEC = {
     "state": {"type": "str", "choices": ["present", "absent"], "default": "present"},

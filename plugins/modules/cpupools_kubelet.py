@@ -182,10 +182,10 @@ actions:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools import kubelet
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.bootloader import Host
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.errors import CpupoolsError
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.topology import Topology
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.core.errors import CpupoolsError
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.hardware.topology import Topology
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node import kubelet
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node.bootloader import Host
 
 ARGUMENT_SPEC = {
     "action": {"type": "str", "choices": ["configure", "apply", "verify"], "default": "configure"},

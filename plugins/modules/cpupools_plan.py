@@ -36,7 +36,7 @@ options:
   inputs:
     description:
       - Every C(cpupools_*) variable of the host, by full name (see
-        module_utils/cpupools/inputs.py for the spec of each).
+        module_utils/cpupools/planning/inputs.py for the spec of each).
       - A task that gives neither O(topology) nor O(inputs) has them filled in
         by the module's action, on the controller, with every C(cpupools_*)
         variable of the host.
@@ -242,17 +242,17 @@ inputs:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.errors import CpupoolsError
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.host_plan import plan_host
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.inputs import (
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.core.errors import CpupoolsError
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.hardware.topology import Topology
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.planning.host_plan import plan_host
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.planning.inputs import (
     PLAN_KEYS,
     check_group,
     check_root,
     unknown_variables,
     validate_inputs,
 )
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.plan import make_request, plan_pools
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.topology import Topology
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.planning.plan import make_request, plan_pools
 
 ARGUMENT_SPEC = {
     "topology": {"type": "dict"},

@@ -188,8 +188,8 @@ store:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.errors import CpupoolsError
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.report import ARGUMENT_SPEC, report
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.core.errors import CpupoolsError
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.report.report import ARGUMENT_SPEC, report
 
 
 def main():

@@ -156,10 +156,10 @@ import grp
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.cmk15 import traces_on_node
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.errors import CpupoolsError
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.state import shown
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.state_writer import converge
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.core.errors import CpupoolsError
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node.cmk15 import traces_on_node
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node.state import shown
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node.state_writer import converge
 
 ARGUMENT_SPEC = {
     "root": {"type": "path", "default": "/"},

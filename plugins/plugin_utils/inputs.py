@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The plan modules' actions: every ``cpupools_*`` variable of a host, and what only the controller can check.
 
-The modules check them all against the one spec (module_utils/cpupools/inputs.py)
+The modules check them all against the one spec (module_utils/cpupools/planning/inputs.py)
 and warn about unknown names; reading them here, in Python, costs less per
 host than a Jinja lookup of every variable name in the task's arguments.
 """

@@ -21,7 +21,7 @@ import os
 import stat
 import tempfile
 
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.inputs import nearest_existing
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.planning.inputs import nearest_existing
 
 #: The collection's directory (the checkout's root, through collections/'s symbolic link).
 COLLECTION_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))

@@ -14,8 +14,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "plugins" / "module_utils"))
 
-from cpupools import state as st  # noqa: E402
-from cpupools import state_writer as sw  # noqa: E402
+from cpupools.node import state as st  # noqa: E402
+from cpupools.node import state_writer as sw  # noqa: E402
 
 
 def make_plan(pools: dict, handout: dict | None = None) -> dict:

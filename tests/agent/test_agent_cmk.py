@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from agent_support import PLAN_1X, PLAN_2X, agent_env, make_plan, tasks_of, tree_snapshot
-from cpupools import state as st
+from cpupools.node import state as st
 
 #: A plan whose CPUs this 2-CPU machine does not have: used with --no-affinity for hand-out checks.
 PLAN_2S = make_plan(
@@ -666,7 +666,7 @@ def test_reconcile_removes_what_killed_writers_left(cmk, state_dir):
 def nps2(make_root, state_dir):
     """``(conf, sysfs root)``: the 2s32c-smt2-nps2 fixture with 8 exclusive cores spread, 20 shared packed.
 
-    Worked out by hand (tests/unit/test_plan_numa.py has the rules): every
+    Worked out by hand (tests/planning/test_plan_numa.py has the rules): every
     node keeps its first core for housekeeping (0, 16, 32, 48: L3 0, 2, 4, 6);
     CPU i+64 is the sibling of i. Spread gives each node two exclusive cores,
     packed shared 13 of node 0 and 7 of node 1. On node 0 shared goes first
@@ -676,8 +676,8 @@ def nps2(make_root, state_dir):
     3 56, 57 (L3 7). The exclusive lists in hand-out order (nodes 0, 2, 1, 3,
     twice): 14, 40, 24, 56, 15, 41, 25, 57.
     """
-    from cpupools.plan import make_request, plan_pools
-    from cpupools.topology import gather_topology
+    from cpupools.hardware.topology import gather_topology
+    from cpupools.planning.plan import make_request, plan_pools
 
     root = make_root("2s32c-smt2-nps2", "sysfs")
     request = {"num_exclusive_cores": 8, "exclusive_mode": "spread", "num_shared_cores": 20}

@@ -19,7 +19,7 @@ import subprocess
 import pytest
 from agent_support import PLAN_1X, PLAN_2X, agent_env, tasks_of, traced_calls, write_plan_state
 from agent_support import killed_at as support_killed_at
-from cpupools import state as st
+from cpupools.node import state as st
 
 pytestmark = pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace")
 

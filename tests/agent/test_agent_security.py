@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 from agent_support import PLAN_2X, agent_env, tasks_of, tree_snapshot
-from cpupools import state as st
-from cpupools import state_writer as sw
-from cpupools.errors import StateError
+from cpupools.core.errors import StateError
+from cpupools.node import state as st
+from cpupools.node import state_writer as sw
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("useradd"), reason="needs root and useradd")
 

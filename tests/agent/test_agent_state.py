@@ -1,4 +1,4 @@
-"""Unit tests of the pool state (module_utils/cpupools/state.py): layout, validation, lock, resize rule."""
+"""Unit tests of the pool state (module_utils/cpupools/node/state.py): layout, validation, lock, resize rule."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import time
 
 import pytest
 from agent_support import PLAN_2X, make_plan, write_plan_state
-from cpupools import state as st
-from cpupools import state_writer as sw
-from cpupools.cpulist import format_cpulist
-from cpupools.errors import LockTimeoutError, ResizeError, StateError, UsageError
-from cpupools.plan import make_request, plan_pools
-from cpupools.topology import gather_topology
+from cpupools.core.cpulist import format_cpulist
+from cpupools.core.errors import LockTimeoutError, ResizeError, StateError, UsageError
+from cpupools.hardware.topology import gather_topology
+from cpupools.node import state as st
+from cpupools.node import state_writer as sw
+from cpupools.planning.plan import make_request, plan_pools
 
 
 @pytest.fixture
@@ -332,7 +332,7 @@ def test_reconcile_writes_a_prepared_file_only_over_the_list_it_scanned(tmp_path
     a crash leftover. Each time the list is written again under the lock: the
     dead PID goes, the live ones and their markers stay, no temporary is left.
     """
-    from cpupools import agent_report
+    from cpupools.agent import agent_report
 
     dead, me = 2**22 + 7, os.getpid()
     my_start = st.read_proc_stat("/proc", me)[2]

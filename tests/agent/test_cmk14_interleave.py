@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 from agent_support import agent_env, make_plan, write_plan_state
-from cpupools import converge
-from cpupools import state as st
+from cpupools.node import converge
+from cpupools.node import state as st
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 #: One exclusive cpulist: every isolate wants the same one, so any wrong "free" is a double hand-out.

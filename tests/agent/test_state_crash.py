@@ -46,8 +46,8 @@ from agent_support import (
     workload,
     write_plan_state,
 )
-from cpupools import state as st
-from cpupools import state_writer as sw
+from cpupools.node import state as st
+from cpupools.node import state_writer as sw
 
 pytestmark = pytest.mark.slow
 
@@ -60,7 +60,7 @@ HOLD_SECONDS = 24 * 3600
 DRIVER = """
 import json, os, sys
 sys.path.insert(0, sys.argv[1])
-from cpupools import state_writer as sw
+from cpupools.node import state_writer as sw
 result = sw.converge(sys.argv[2], json.loads(sys.argv[3]), proc_fs=sys.argv[4])
 print(json.dumps({"changed": result["changed"], "affinity": result["affinity"], "steps": sw.steps_taken()}))
 """

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cpupools.cpulist import parse_cpulist
+from cpupools.core.cpulist import parse_cpulist
 from helpers import REPO, run_playbook, tree_snapshot
 from sysfs import CORPUS, write_tree
 
@@ -56,7 +56,7 @@ class Case:
     @property
     def early(self) -> bool:
         """The whole-inventory check refuses it on the controller, in the first play (no node needed)."""
-        from cpupools.inputs import check_inventory
+        from cpupools.planning.inputs import check_inventory
 
         sys.path.insert(0, str(REPO / "collections"))
         from ansible_collections.cpupools.cpupools.plugins.plugin_utils.inputs import controller_refusal

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow
 
 STAGE_PLAYS = {"Write the kernel arguments": "kernel", "Install the node agent and the pool state": "agent"}
 #: Shapes the fleet leaves out: one the plan refuses by design (SMT switched off at runtime), and
-#: three large ones of today's machines whose plans tests/unit/test_plan_modern.py works out by hand
+#: three large ones of today's machines whose plans tests/planning/test_plan_modern.py works out by hand
 #: (the fleet keeps the hybrid and big.LITTLE shapes, which take the same code paths, and 1,024
 #: CPUs): each large host costs this longest test of the suite about as much as all small ones.
 LEFT_OUT = {"1s16c-smt-off", "2s96c-smt2-nps4", "2s48c-smt2-snc4", "1s144c-srf-snc2"}

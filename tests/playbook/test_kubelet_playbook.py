@@ -66,7 +66,7 @@ def nodes(tmp_path):
 
 def wait_for_state(root: Path) -> dict:
     """The fake kubelet's state, once it wrote it (it takes a moment, as a real one does)."""
-    from cpupools.kubelet import wait_for_state as wait
+    from cpupools.node.kubelet import wait_for_state as wait
 
     text = wait(str(root / STATE), 30, interval=0.05)
     assert text is not None, (root / LOG).read_text()

@@ -24,8 +24,8 @@ import subprocess
 import time
 
 import pytest
-from cpupools import state as st
-from cpupools.cpulist import parse_cpulist
+from cpupools.core.cpulist import parse_cpulist
+from cpupools.node import state as st
 from helpers import REPO, tree_snapshot
 from sysfs import CORPUS, write_tree
 

@@ -69,7 +69,7 @@ def test_role_sets_the_plan_fact(playbook, corpus_root):
 def test_role_plans_numa_nodes_and_l3_domains_with_values_from_e(playbook, corpus_root):
     """NPS2 with two 8-core L3s per node: facts carry the domains and distances; spread balances nodes.
 
-    The expected hand-out order is worked out in tests/unit/test_plan_numa.py
+    The expected hand-out order is worked out in tests/planning/test_plan_numa.py
     (nodes 0, 2, 1, 3 in turn; on each, the L3 domain without its housekeeping
     core). The sizes come as strings, as ``-e key=value`` gives them.
     """

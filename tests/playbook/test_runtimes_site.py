@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from cpupools.runtimes import NRI_GROUP_LABEL, POOLER_CONFIGMAP, POOLER_LABEL
+from cpupools.planning.runtimes import NRI_GROUP_LABEL, POOLER_CONFIGMAP, POOLER_LABEL
 from helpers import REPO
 from k8s_real import PRODUCT_USER, describe
 from runtime_rules import NRI_KINDS, nri_crd, nri_errors

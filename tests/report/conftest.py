@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from cpupools.cpulist import format_cpulist
-from cpupools.plan import make_request, plan_pools
-from cpupools.topology import gather_topology
+from cpupools.core.cpulist import format_cpulist
+from cpupools.hardware.topology import gather_topology
+from cpupools.planning.plan import make_request, plan_pools
 from sysfs import CORPUS, Spec, write_tree
 
 

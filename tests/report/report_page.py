@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from cpupools import report
+from cpupools.report import report
 from helpers import REPO
 
 TEMPLATE = str(REPO / "roles" / "cpupools_report" / "templates" / report.TEMPLATE)

@@ -17,8 +17,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from cpupools.cpulist import parse_cpulist
-from cpupools.report import COLOURS, PENDING_COLOUR
+from cpupools.core.cpulist import parse_cpulist
+from cpupools.report.report import COLOURS, PENDING_COLOUR
 from report_page import render_html
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -257,7 +257,7 @@ def test_numa_and_l3_boxes_keep_every_cell_whole(tmp_path, host_input):
 
 def test_latency_colours_win_over_the_pool_and_the_chart_is_drawn(tmp_path, host_input):
     """A measured CPU shows its latency step's colour with its pool as a stripe; the inline SVG chart renders."""
-    from cpupools.report_verify import LATENCY_SCALE
+    from cpupools.report.report_verify import LATENCY_SCALE
     from verify_results import noisy
 
     request = {"num_exclusive_cores": 2, "num_shared_cores": 1}

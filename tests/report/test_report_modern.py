@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import html
 
-from cpupools.report import analyse_host, render_text
+from cpupools.report.report import analyse_host, render_text
 from report_page import render_html
 
 

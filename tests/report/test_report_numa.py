@@ -12,7 +12,7 @@ import re
 from html.parser import HTMLParser
 
 import pytest
-from cpupools.report import ReportError, analyse_host, render_text, render_text_lines
+from cpupools.report.report import ReportError, analyse_host, render_text, render_text_lines
 from report_page import render_html
 from sysfs import CORPUS
 

@@ -8,9 +8,9 @@ import re
 from html.parser import HTMLParser
 
 import pytest
-from cpupools.cpulist import format_cpulist, parse_cpulist
-from cpupools.errors import CpupoolsError
-from cpupools.report import (
+from cpupools.core.cpulist import format_cpulist, parse_cpulist
+from cpupools.core.errors import CpupoolsError
+from cpupools.report.report import (
     OFFLINE,
     STRANDED,
     ReportError,

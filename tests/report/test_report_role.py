@@ -129,7 +129,7 @@ def test_the_plans_hugepages_reach_the_report(playbook, extra, tmp_path):
     """The report reads the reservations the plan checked (``cpupools_plan.hugepages.requested``).
 
     The plan role parses ``cpupools_hugepages`` from YAML or from ``-e`` text
-    (tests/unit/test_hugepages.py); the report never reads the raw variable.
+    (tests/node/test_hugepages.py); the report never reads the raw variable.
     """
     extra = dict(extra, facts=dict(extra["facts"], hugepages={"0": {"1G": {"total": 4, "free": 4}}}))
     requested = [{"size": "1G", "count": 4, "numa_node": 0}]

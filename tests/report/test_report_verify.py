@@ -10,9 +10,9 @@ import time
 from html.parser import HTMLParser
 
 import pytest
-from cpupools import report, report_store
-from cpupools.report import ReportError, render_text
-from cpupools.report_verify import LATENCY_SCALE
+from cpupools.report import report, report_store
+from cpupools.report.report import ReportError, render_text
+from cpupools.report.report_verify import LATENCY_SCALE
 from report_page import TEMPLATE, render_html
 from verify_results import noisy
 

@@ -1,5 +1,19 @@
-"""cpupools: the pure logic shared by the Ansible modules and the node agent.
+"""cpupools: the logic shared by the Ansible modules and the node agent, in layers.
 
-Standard library only, no Ansible imports: everything here also runs inside
-the ``cmk`` node agent on the managed node's python3.
+Standard library only, no Ansible imports: everything here also runs on the
+managed node's python3, inside a module's payload or the ``cmk`` agent. Each
+sub-package imports only from itself and from floors below it, as its own
+``__init__`` says (checked by tests/test_layers.py; the README draws
+the diagram)::
+
+    5  agent                      the cmk node agent (isolate, reconcile, describe);
+                                  not planning, not report
+    4  cluster     report         the API server's side; the fleet report
+    3  planning                   the inputs, the plan, the runtimes' renderings
+    2  node                       what is written on a node and read back from it
+    1  hardware                   the CPUs the kernel shows: topology, NUMA distances
+    0  core                       errors, cpulists, pool names
+
+This file and every sub-package's ``__init__`` import nothing: importing one
+module loads only what it imports (the agent's zipapp is that closure).
 """
