@@ -1,9 +1,9 @@
 """A real Kubernetes control plane for tests: etcd and kube-apiserver on loopback (never part of the product).
 
-``RealKube.start(bin_dir, work_dir)`` starts the two programs that
-``../shared/k8s/README.md`` describes, found in the directory named by
-``CPUPOOLS_K8S_ASSETS`` or ``KUBEBUILDER_ASSETS`` (envtest's convention), and
-makes for them, in ``work_dir``:
+``RealKube.start(bin_dir, work_dir)`` starts the two programs, static builds of
+kube-apiserver v1.36 and etcd 3.6 (docs/kubernetes.md), found in the directory
+named by ``CPUPOOLS_K8S_ASSETS`` or ``KUBEBUILDER_ASSETS`` (envtest's
+convention), and makes for them, in ``work_dir``:
 
 - a CA, a serving certificate for ``IP:127.0.0.1`` and ``DNS:localhost``, a
   key pair for service-account tokens;

@@ -9,6 +9,11 @@ the logic in ``cpupools.k8s_apply`` sees dicts, exactly what the server sent.
 
 Nothing here logs or returns a credential: error messages name the kubeconfig
 path, the context and the server URL only.
+
+``run_module`` is the ``main()`` every Kubernetes module shares (the connection
+options, the check for the library, a ``CpupoolsError`` as the failure
+message), and ``connect_api`` the ``Api`` its options name; a module keeps only
+its own options and what it does with the API.
 """
 
 from __future__ import annotations
@@ -16,8 +21,11 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
 
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.core.errors import K8sError
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.cluster.k8s_apply import Api
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.core.errors import CpupoolsError, K8sError
 
 try:
     import urllib3
@@ -114,3 +122,29 @@ def connect(kubeconfig: str | None, context: str | None, in_cluster: bool, reque
         return response.status, data
 
     return transport, server
+
+
+def connect_api(params: dict, where: str) -> Api:
+    """The ``cpupools.k8s_apply.Api`` a module's connection options name; ``where`` is what messages name."""
+    p = params
+    transport, server = connect(p["kubeconfig"], p["context"], p["in_cluster"], p["request_timeout"])
+    return Api(transport, server, where)
+
+
+def run_module(argument_spec: dict, run: Callable[[AnsibleModule], dict], where: Callable[[dict], str | None]) -> None:
+    """The ``main()`` of every cpupools Kubernetes module.
+
+    ``argument_spec`` is the module's own options (the connection options are
+    added here). Without the ``kubernetes`` library the module fails naming it;
+    a ``CpupoolsError`` from ``run`` fails with its message, prefixed by
+    ``host <where(params)>`` when that is not empty; else ``run``'s result is
+    the module's.
+    """
+    module = AnsibleModule(argument_spec={**argument_spec, **CONNECTION_ARGS}, supports_check_mode=True)
+    if not HAS_KUBERNETES:
+        module.fail_json(msg=missing_required_lib("kubernetes"), exception=str(KUBERNETES_IMPORT_ERROR))
+    try:
+        result = run(module)
+    except CpupoolsError as exc:
+        module.fail_json(msg=exc.describe(where(module.params)))
+    module.exit_json(**result)

@@ -91,54 +91,40 @@ server:
   type: str
 """
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.cluster.cmk_retire import retire
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.cluster.k8s import check_node_name
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.cluster.k8s_apply import Api
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.core.errors import CpupoolsError
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools_kube import (
-    CONNECTION_ARGS,
-    HAS_KUBERNETES,
-    KUBERNETES_IMPORT_ERROR,
-    connect,
-)
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools_kube import connect_api, run_module
 
 ARGUMENT_SPEC = {
     "nodes": {"type": "list", "elements": "str", "required": True},
     "namespaces": {"type": "list", "elements": "str", "default": ["default", "intel-cmk", "cmk-namespace"]},
     "checked": {"type": "dict", "default": {}},
-    **CONNECTION_ARGS,
 }
 
 
-def main() -> None:
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    if not HAS_KUBERNETES:
-        module.fail_json(msg=missing_required_lib("kubernetes"), exception=str(KUBERNETES_IMPORT_ERROR))
-    p = module.params
-    where = ",".join(p["nodes"])
-    try:
-        nodes = sorted({check_node_name(n) for n in p["nodes"]})
-        transport, server = connect(p["kubeconfig"], p["context"], p["in_cluster"], p["request_timeout"])
-        import yaml  # the kubernetes library's dependency
+def _where(params: dict) -> str:
+    return ",".join(params["nodes"])
 
-        result = retire(
-            Api(transport, server, where),
-            nodes,
-            list(p["namespaces"]),
-            module.check_mode,
-            checked=p["checked"],
-            load=yaml.safe_load,
-        )
-    except CpupoolsError as exc:
-        module.fail_json(msg=exc.describe(where))
+
+def run(module: AnsibleModule) -> dict:
+    p = module.params
+    nodes = sorted({check_node_name(n) for n in p["nodes"]})
+    api = connect_api(p, _where(p))
+    import yaml  # the kubernetes library's dependency
+
+    result = retire(api, nodes, list(p["namespaces"]), module.check_mode, checked=p["checked"], load=yaml.safe_load)
     present = sorted(result["found"])
     gone = set(result["removed"])
     result["diff"] = {
         "before": "".join(f"{o}\n" for o in present),
         "after": "".join(f"{o}\n" for o in present if o not in gone),
     }
-    module.exit_json(server=server, **result)
+    return dict(result, server=api.server)
+
+
+def main() -> None:
+    run_module(ARGUMENT_SPEC, run, where=_where)
 
 
 if __name__ == "__main__":

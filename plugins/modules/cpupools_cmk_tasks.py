@@ -75,42 +75,32 @@ server:
   type: str
 """
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.cluster.k8s import check_node_name
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.cluster.k8s_apply import Api
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.core.errors import CpupoolsError
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node.cmk15 import read_tasks
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools_kube import (
-    CONNECTION_ARGS,
-    HAS_KUBERNETES,
-    KUBERNETES_IMPORT_ERROR,
-    connect,
-)
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools_kube import connect_api, run_module
 
 ARGUMENT_SPEC = {
     "node": {"type": "str", "required": True},
     "namespaces": {"type": "list", "elements": "str", "default": ["default", "intel-cmk"]},
     "wait": {"type": "float", "default": 30.0},
-    **CONNECTION_ARGS,
 }
 
 
-def main() -> None:
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    if not HAS_KUBERNETES:
-        module.fail_json(msg=missing_required_lib("kubernetes"), exception=str(KUBERNETES_IMPORT_ERROR))
+def run(module: AnsibleModule) -> dict:
     import yaml  # the kubernetes library's dependency
 
     p = module.params
-    try:
-        node = check_node_name(p["node"])
-        transport, server = connect(p["kubeconfig"], p["context"], p["in_cluster"], p["request_timeout"])
-        result = read_tasks(Api(transport, server, node), node, list(p["namespaces"]), yaml.safe_load, p["wait"])
-    except CpupoolsError as exc:
-        module.fail_json(msg=exc.describe(p["node"]))
+    node = check_node_name(p["node"])
+    api = connect_api(p, node)
+    result = read_tasks(api, node, list(p["namespaces"]), yaml.safe_load, p["wait"])
     for warning in result.pop("warnings"):
         module.warn(f"node {node}: {warning}")
-    module.exit_json(changed=False, server=server, **result)
+    return dict(result, changed=False, server=api.server)
+
+
+def main() -> None:
+    run_module(ARGUMENT_SPEC, run, where=lambda p: p["node"])
 
 
 if __name__ == "__main__":

@@ -122,7 +122,7 @@ server:
   type: str
 """
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.cluster.k8s import (
     DEFAULT_ENI_RESOURCE,
     DEFAULT_EXCLUSIVE_RESOURCE,
@@ -132,14 +132,7 @@ from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.cluster
     FAILURE_POLICIES,
     ensure_admission,
 )
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.cluster.k8s_apply import Api
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.core.errors import CpupoolsError
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools_kube import (
-    CONNECTION_ARGS,
-    HAS_KUBERNETES,
-    KUBERNETES_IMPORT_ERROR,
-    connect,
-)
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools_kube import connect_api, run_module
 
 ARGUMENT_SPEC = {
     "state": {"type": "str", "choices": ["present", "absent"], "default": "present"},
@@ -149,15 +142,14 @@ ARGUMENT_SPEC = {
     "failure_policy": {"type": "str", "choices": list(FAILURE_POLICIES), "default": "Fail"},
     "node_label": {"type": "str", "default": "cmk.intel.com/cmk-node"},
     "departing": {"type": "list", "elements": "str", "default": []},
-    **CONNECTION_ARGS,
 }
 
 
 def run(module: AnsibleModule) -> dict:
     p = module.params
-    transport, server = connect(p["kubeconfig"], p["context"], p["in_cluster"], p["request_timeout"])
+    api = connect_api(p, "")
     result = ensure_admission(
-        Api(transport, server, ""),
+        api,
         p["state"],
         module.check_mode,
         exclusive_resource=p["exclusive_resource"],
@@ -169,19 +161,12 @@ def run(module: AnsibleModule) -> dict:
     )
     for warning in result.pop("warnings"):
         module.warn(warning)
-    result["server"] = server
+    result["server"] = api.server
     return result
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    if not HAS_KUBERNETES:
-        module.fail_json(msg=missing_required_lib("kubernetes"), exception=str(KUBERNETES_IMPORT_ERROR))
-    try:
-        result = run(module)
-    except CpupoolsError as exc:
-        module.fail_json(msg=exc.describe())
-    module.exit_json(**result)
+    run_module(ARGUMENT_SPEC, run, where=lambda p: None)
 
 
 if __name__ == "__main__":

@@ -101,20 +101,13 @@ blocked_retries:
   type: int
 """
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.cluster.k8s import check_node_name
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.cluster.k8s_apply import (
-    Api,
     drain,
     set_unschedulable,
 )
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.core.errors import CpupoolsError
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools_kube import (
-    CONNECTION_ARGS,
-    HAS_KUBERNETES,
-    KUBERNETES_IMPORT_ERROR,
-    connect,
-)
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools_kube import connect_api, run_module
 
 ARGUMENT_SPEC = {
     "node_name": {"type": "str", "required": True},
@@ -122,15 +115,13 @@ ARGUMENT_SPEC = {
     "timeout": {"type": "int", "default": 300},
     "poll_interval": {"type": "float", "default": 2.0},
     "delete_unmanaged": {"type": "bool", "default": False},
-    **CONNECTION_ARGS,
 }
 
 
 def run(module: AnsibleModule) -> dict:
     p = module.params
     node = check_node_name(p["node_name"])
-    transport, server = connect(p["kubeconfig"], p["context"], p["in_cluster"], p["request_timeout"])
-    api = Api(transport, server, node)
+    api = connect_api(p, node)
     if p["state"] == "drained":
         report = drain(
             api,
@@ -139,20 +130,13 @@ def run(module: AnsibleModule) -> dict:
             poll=p["poll_interval"],
             delete_unmanaged=p["delete_unmanaged"],
         )
-        return dict(report, node=node, server=server)
+        return dict(report, node=node, server=api.server)
     changed = set_unschedulable(api, p["state"] == "cordoned", module.check_mode)
-    return {"changed": changed, "cordoned": changed, "node": node, "server": server}
+    return {"changed": changed, "cordoned": changed, "node": node, "server": api.server}
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    if not HAS_KUBERNETES:
-        module.fail_json(msg=missing_required_lib("kubernetes"), exception=str(KUBERNETES_IMPORT_ERROR))
-    try:
-        result = run(module)
-    except CpupoolsError as exc:
-        module.fail_json(msg=exc.describe(module.params["node_name"]))
-    module.exit_json(**result)
+    run_module(ARGUMENT_SPEC, run, where=lambda p: p["node_name"])
 
 
 if __name__ == "__main__":

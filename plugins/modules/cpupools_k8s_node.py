@@ -141,7 +141,7 @@ conflicts:
   type: int
 """
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.cluster.k8s import (
     DEFAULT_ENI_RESOURCE,
     DEFAULT_EXCLUSIVE_RESOURCE,
@@ -151,19 +151,12 @@ from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.cluster
     layout_object,
 )
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.cluster.k8s_apply import (
-    Api,
     ensure_crd,
     ensure_layout,
     ensure_node,
     remove_layout,
 )
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.core.errors import CpupoolsError
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools_kube import (
-    CONNECTION_ARGS,
-    HAS_KUBERNETES,
-    KUBERNETES_IMPORT_ERROR,
-    connect,
-)
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools_kube import connect_api, run_module
 
 ARGUMENT_SPEC = {
     "node_name": {"type": "str", "required": True},
@@ -177,7 +170,6 @@ ARGUMENT_SPEC = {
     "publish": {"type": "bool", "default": True},
     "pending_reboot": {"type": "bool", "default": False},
     "applied": {"type": "dict", "default": {}},
-    **CONNECTION_ARGS,
 }
 
 
@@ -193,8 +185,7 @@ def run(module: AnsibleModule) -> dict:
         exclusive_resource=p["exclusive_resource"],
         eni_resource=p["eni_resource"],
     )
-    transport, server = connect(p["kubeconfig"], p["context"], p["in_cluster"], p["request_timeout"])
-    api = Api(transport, server, node)
+    api = connect_api(p, node)
     outcome = ensure_node(api, wants, module.check_mode)
     crd = layout = "skipped"
     if p["publish"] and p["state"] == "present":
@@ -207,7 +198,7 @@ def run(module: AnsibleModule) -> dict:
     return {
         "changed": changed,
         "node": node,
-        "server": server,
+        "server": api.server,
         "labels": outcome["after"]["labels"],
         "taints": outcome["after"]["taints"],
         "capacity": outcome["after"]["capacity"],
@@ -238,14 +229,7 @@ def _with_layout(state: dict, action: str, index: int) -> dict:
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    if not HAS_KUBERNETES:
-        module.fail_json(msg=missing_required_lib("kubernetes"), exception=str(KUBERNETES_IMPORT_ERROR))
-    try:
-        result = run(module)
-    except CpupoolsError as exc:
-        module.fail_json(msg=exc.describe(module.params["node_name"]))
-    module.exit_json(**result)
+    run_module(ARGUMENT_SPEC, run, where=lambda p: p["node_name"])
 
 
 if __name__ == "__main__":

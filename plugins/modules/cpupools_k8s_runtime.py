@@ -105,18 +105,12 @@ labels:
   sample: {"cpupools.io/pooler-config": "cpupools-5ff7839e9777"}
 """
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.cluster.k8s import check_node_name
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.cluster.k8s_apply import Api
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.cluster.runtimes_apply import ensure_runtime
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.core.errors import CpupoolsError, K8sError
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.core.errors import K8sError
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.planning.runtimes import CONFIG_RUNTIMES
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools_kube import (
-    CONNECTION_ARGS,
-    HAS_KUBERNETES,
-    KUBERNETES_IMPORT_ERROR,
-    connect,
-)
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools_kube import connect_api, run_module
 
 ARGUMENT_SPEC = {
     "node_name": {"type": "str", "required": True},
@@ -129,7 +123,6 @@ ARGUMENT_SPEC = {
     "plan": {"type": "dict"},
     "ht_policy": {"type": "str", "choices": ["multiThreaded", "singleThreaded"], "default": "multiThreaded"},
     "namespace": {"type": "str", "default": "kube-system"},
-    **CONNECTION_ARGS,
 }
 
 
@@ -138,20 +131,12 @@ def run(module: AnsibleModule) -> dict:
     node = check_node_name(p["node_name"])
     if p["state"] == "present" and p["runtime"] in CONFIG_RUNTIMES and not p["plan"]:
         raise K8sError("no plan: run the cpupools_plan role first (the host fact cpupools_plan is missing)", "plan")
-    transport, server = connect(p["kubeconfig"], p["context"], p["in_cluster"], p["request_timeout"])
-    api = Api(transport, server, node)
+    api = connect_api(p, node)
     return ensure_runtime(api, p["runtime"], p["plan"], p["state"], p["ht_policy"], p["namespace"], module.check_mode)
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    if not HAS_KUBERNETES:
-        module.fail_json(msg=missing_required_lib("kubernetes"), exception=str(KUBERNETES_IMPORT_ERROR))
-    try:
-        result = run(module)
-    except CpupoolsError as exc:
-        module.fail_json(msg=exc.describe(module.params["node_name"]))
-    module.exit_json(**result)
+    run_module(ARGUMENT_SPEC, run, where=lambda p: p["node_name"])
 
 
 if __name__ == "__main__":

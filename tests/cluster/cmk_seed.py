@@ -1,7 +1,7 @@
 """CMK in a real cluster, as cluster-init and its v1.5.2 manifests leave it (tests only).
 
-Names and shapes from CMK's own files (reference/cmk-behaviour.md §8, §9,
-§11; intel/CPU-Manager-for-Kubernetes resources/authorization/cmk-rbac-rules.yaml,
+Names and shapes from CMK's own files (intel/CPU-Manager-for-Kubernetes
+intel/nodereport.py, intel/uninstall.py; resources/authorization/cmk-rbac-rules.yaml,
 resources/webhook/*.yaml, intel/clusterinit.py): the per-node init pod,
 reconcile/node-report DaemonSet and v1.5 ConfigMap; the ``-all``
 DaemonSet and cluster-init pod; the webhook's configuration, Deployment,

@@ -466,66 +466,6 @@ def test_execution_environment_renders_offline_with_the_collection_and_its_requi
     assert "openssh-clients [platform:rpm]" in system and "openssh-client [platform:dpkg]" in system, introspected
 
 
-def test_layout_script_finds_nothing_left_in_the_checkout():
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "collection_layout.py"), "--check"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert proc.returncode == 0, f"old layout or imports left; run scripts/collection_layout.py:\n{proc.stdout}"
-
-
-def test_layout_script_converts_a_branch_of_the_old_layout(tmp_path):
-    root = tmp_path / "repo"
-    (root / "library").mkdir(parents=True)
-    (root / "module_utils" / "cpupools").mkdir(parents=True)
-    (root / "tests").mkdir()
-    (root / "library" / "cpupools_new.py").write_text(
-        "#!/usr/bin/python\n"
-        'DOCUMENTATION = r"""\nextends_documentation_fragment:\n  - cpupools_kube\n"""\n'
-        'EXAMPLES = r"""\n- name: Use it\n  cpupools_new:\n    plan: "{{ cpupools_plan }}"\n'
-        '  vars:\n    cpupools_x: 1\n"""\n'
-        "from ansible.module_utils.basic import AnsibleModule\n"
-        "from ansible.module_utils.cpupools.errors import CpupoolsError\n"
-        "from ansible.module_utils.cpupools_kube import connect\n"
-    )
-    (root / "module_utils" / "cpupools" / "new.py").write_text("from .errors import CpupoolsError\n")
-    (root / "templates").mkdir()
-    (root / "templates" / "new.j2").write_text("{# computed in module_utils/cpupools/new.py #}\n")
-    (root / "tests" / "test_new.py").write_text(
-        'import os\nsys.path.insert(0, str(REPO / "module_utils"))\n'
-        'MODULES = (REPO / "library").glob("*.py")\nHERE = os.path.join(HERE, "..", "module_utils")\n'
-    )
-    script = [sys.executable, str(REPO / "scripts" / "collection_layout.py"), "--root", str(root)]
-
-    check = subprocess.run([*script, "--check"], capture_output=True, text=True, check=False)
-    assert check.returncode == 1 and "library/cpupools_new.py" in check.stdout
-    assert (root / "library" / "cpupools_new.py").exists(), "--check moved a file"
-
-    subprocess.run(script, capture_output=True, text=True, check=True)
-    assert not (root / "library").exists() and not (root / "module_utils").exists()
-    module = (root / "plugins" / "modules" / "cpupools_new.py").read_text()
-    assert "from ansible.module_utils.basic import AnsibleModule" in module
-    assert "from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.core.errors import" in module
-    assert "from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools_kube import connect" in module
-    assert "  - cpupools.cpupools.cpupools_kube\n" in module
-    assert "- name: Use it\n  cpupools.cpupools.cpupools_new:\n" in module
-    assert "    cpupools_x: 1\n" in module, "a variable in an example was taken for a module"
-    unchanged = (root / "plugins" / "module_utils" / "cpupools" / "new.py").read_text()
-    assert unchanged == "from .errors import CpupoolsError\n"
-    test = (root / "tests" / "test_new.py").read_text()
-    assert 'REPO / "plugins" / "module_utils"' in test
-    assert '(REPO / "plugins" / "modules")' in test
-    assert 'os.path.join(HERE, "..", "plugins", "module_utils")' in test
-    template = (root / "templates" / "new.j2").read_text()
-    assert template == "{# computed in plugins/module_utils/cpupools/new.py #}\n"
-
-    again = subprocess.run([*script, "--check"], capture_output=True, text=True, check=False)
-    assert again.returncode == 0, again.stdout
-    shutil.rmtree(root)
-
-
 def test_install_from_git_builds_the_same_collection(tmp_path):
     if subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, check=False).returncode:
         pytest.skip("not a git checkout")

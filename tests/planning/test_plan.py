@@ -102,7 +102,7 @@ def test_plan_is_deterministic(corpus_root):
 
 
 def test_adopt_matches_cmk_reference_example(make_root):
-    # reference §2.7: 2s8c no HT, spread, isolcpus=1-3,9-11, 4 exclusive / 2 shared.
+    # CMK's worked example: 2s8c no HT, spread, isolcpus=1-3,9-11, 4 exclusive / 2 shared.
     root = make_root(Spec(sockets=2, cores_per_socket=8, threads=1, cmdline="ro isolcpus=1-3,9-11"))
     plan = plan_for(
         root,
