@@ -2,7 +2,8 @@
 
 Standard library only; talks to the API through ``k8s_apply.Api`` (any
 transport). What CMK put into a cluster (cluster-init, its manifests, its
-webhook; reference/cmk-behaviour.md §8, §9, §11) is looked up by name, and
+webhook: CMK's intel/clusterinit.py, intel/nodereport.py, intel/uninstall.py,
+intel/webhook.py) is looked up by name, and
 removed in an order that keeps running workloads running:
 
 1. CMK's agents of the node: its init/install/discover and reconfigure pods

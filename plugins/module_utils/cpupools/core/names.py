@@ -1,6 +1,6 @@
 """Names more than one floor speaks: CMK's pool names, and the label on cpupools' cluster objects.
 
-CMK's pool names are its interface (reference §2.7): the state directory's
+CMK's pool names are its interface (CMK's intel/init.py): the state directory's
 ``pools/<name>`` folders, the ``--pool`` of ``cmk isolate``, the node's
 advertised resources. ``MANAGED_BY`` marks every object cpupools owns in the
 cluster (the runtimes' renderings carry it too). Standard library only, and
@@ -11,7 +11,7 @@ EXCLUSIVE = "exclusive"
 SHARED = "shared"
 INFRA = "infra"
 ENI = "exclusive-non-isolcpus"
-#: Pools in the order CMK creates them (reference §2.7).
+#: Pools in the order CMK creates them (its intel/init.py).
 POOL_ORDER = (EXCLUSIVE, SHARED, ENI, INFRA)
 #: Pools whose cpulists are handed out whole to one process.
 EXCLUSIVE_POOLS = (EXCLUSIVE, ENI)

@@ -1,7 +1,7 @@
 """CMK v1.5's state: the task lists it keeps in the ConfigMap ``cmk-config-<node>``, and its traces on a node.
 
-CMK v1.5 keeps no state directory on the node (reference/cmk-behaviour.md
-§2.7, §3.1): the pools and their task lists live only in the ConfigMap
+CMK v1.5 keeps no state directory on the node (its intel/init.py and
+intel/config.py): the pools and their task lists live only in the ConfigMap
 ``cmk-config-<node>`` of its ``--namespace``, ``data.config`` a YAML map
 ``pool -> socket (int) -> cpulist (CMK's comma form) -> [PIDs as strings]``,
 locked by the annotation ``Owner`` (the pod name of the holder, ``""`` when
@@ -116,7 +116,8 @@ def read_tasks(
     While the ``Owner`` annotation names a holder, a v1.5 isolate or reconcile
     is between reading and writing back the lists: read again every second,
     for at most ``wait`` seconds (then read as it is, with a warning: CMK
-    v1.5 never frees a lock whose holder died, §14.9, and a ConfigMap nobody
+    v1.5 never frees a lock whose holder died, item 9 of "What CMK got wrong" in
+    docs/cmk-comparison.md, and a ConfigMap nobody
     can lock does not change). ``load`` parses the YAML text (the caller's
     ``yaml.safe_load``). Only GETs are sent.
 

@@ -189,7 +189,7 @@ def _figure(value: object) -> float | int | None:
 
 
 def render_verify(result: Mapping) -> str:
-    """``cpupools_verify.prom`` from a ``cpupools_verify`` result (docs/verify-schema, version 1).
+    """``cpupools_verify.prom`` from a ``cpupools_verify`` result (the ``cpupools_verify`` module's RETURN, version 1).
 
     Series: ``cpupools_verify_ok``, ``cpupools_verify_timestamp_seconds``
     (when the result was taken), ``cpupools_reboot_pending`` (the kernel the

@@ -5,7 +5,7 @@ tree in tests) and the pool state cpupools wrote under a root; the one thing
 that acts is the latency measurement (``oslat`` from rt-tests), run through a
 ``run`` callable the caller gives (the module's ``run_command``; a subprocess
 in tests) and never in check mode. The result is the shape of
-docs/verify.md and /work/notes/verify-schema.md ("the contract"): findings,
+docs/verify.md and of the ``cpupools_verify`` module's RETURN: findings,
 worst first, each naming its check, severity and CPUs, and one row per CPU.
 
 What each check reads and what fails it is in docs/verify.md; the kernel

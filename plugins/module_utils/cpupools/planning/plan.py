@@ -21,7 +21,7 @@ Two ways to decide which cores are isolated:
   the sibling comes back at the next boot.
 * ``adopt``: a node whose ``isolcpus`` was set by hand (a CMK node being
   migrated). The pools are exactly those ``cmk init`` computes from that
-  ``isolcpus`` and the sizes (reference §2.3-§2.5), but the modern flag
+  ``isolcpus`` and the sizes (CMK's intel/init.py), but the modern flag
   syntax is understood and what CMK did silently (stranded isolated cores,
   half-isolated cores) is reported in ``warnings``.
 
@@ -263,7 +263,7 @@ def _pick(free: Sequence[Core], sockets: Sequence[int], mode: str, count: int | 
 
 
 def _cmk_order(topo: Topology, mode: str, keep: set[int]) -> list[Core]:
-    """CMK's ``order(mode, filter)`` (reference §2.1): plain round robin for spread."""
+    """CMK's ``order(mode, filter)`` (CMK's intel/init.py): plain round robin for spread."""
     per_socket = [[c for c in topo.cores_on(s) if c.index in keep] for s in topo.sockets]
     if mode == "packed":
         return [c for cores in per_socket for c in cores]
@@ -773,7 +773,7 @@ def _kubelet_layout(
 
 
 def _adopt(topo: Topology, req: PlanRequest) -> _Layout:
-    """What ``cmk init`` computes from the current isolcpus (reference §2.3-§2.5)."""
+    """What ``cmk init`` computes from the current isolcpus (CMK's intel/init.py)."""
     kernel = topo.kernel
     if not kernel.isolcpus_set or not kernel.isolcpus:
         raise PlanError(
