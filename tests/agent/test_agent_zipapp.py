@@ -183,3 +183,40 @@ def test_the_zipapp_alone_runs_isolate_describe_and_reconcile(alone, tmp_path):
     assert json.loads(rec.stdout)["reclaimedCpuLists"] == [{"cpus": "1", "pid": dead, "pool": "exclusive"}]
     assert tasks_of(conf) == {"1": []}
     assert sorted(os.listdir(alone)) == ["cmk", "cmk.pyz"] and os.listdir(cwd) == []
+
+
+def test_the_closure_is_read_from_every_import_statement(tmp_path, monkeypatch):
+    """Module level and inside functions, ``from .pkg import module`` and ``from . import module``; nothing else."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    try:
+        import build_agent
+    finally:
+        sys.path.pop(0)
+    files = {
+        "__init__.py": "",
+        "agent/__init__.py": "",
+        "agent/agent.py": "from ..core import errors\n\ndef later():\n    from . import lazy\n",
+        "agent/lazy.py": "import os\nfrom ..core.names import X\n",
+        "core/__init__.py": "",
+        "core/errors.py": "",
+        "core/names.py": "X = 1\n",
+        "core/unused.py": "",
+        "planning/__init__.py": "",
+        "planning/plan.py": "from ..core import errors\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    monkeypatch.setattr(build_agent, "PACKAGE_DIR", str(tmp_path))
+    assert build_agent.closure() == [
+        "__init__.py",
+        "agent/__init__.py",
+        "agent/agent.py",
+        "agent/lazy.py",
+        "core/__init__.py",
+        "core/errors.py",
+        "core/names.py",
+    ]
+    (tmp_path / "agent/lazy.py").write_text("def f():\n    from ..core.missing import X\n")
+    with pytest.raises(SystemExit, match=r"lazy.py:2: no module core.missing in the package"):
+        build_agent.closure()
