@@ -33,11 +33,13 @@ fails the build.
 
 Determinism: files in sorted order, a fixed timestamp (1980-01-01), fixed
 permissions, no compression. Each module is stored as source and as an
-unchecked hash-based ``.pyc`` of the building Python, so the node imports
-without compiling; on a node whose python3 has another bytecode version,
-zipimport ignores the ``.pyc`` and compiles the source (slower start, same
-behaviour). The ``.pyc`` bytes are the same for a fresh interpreter of one
-Python version; run inside a process that has imported other code (an
+unchecked hash-based ``.pyc`` of the building Python (``optimize=2``, and a
+``from __future__`` import compiled as its flag, so that importing the module
+does not import ``__future__``), so the node imports without compiling; on
+a node whose python3 has another bytecode version, zipimport ignores the
+``.pyc`` and compiles the source (slower start, same behaviour). The
+``.pyc`` bytes are the same for a fresh interpreter of one Python version;
+run inside a process that has imported other code (an
 Ansible worker), ``marshal`` may write them otherwise, because it depends on
 the reference counts of interned constants: run this script on its own.
 """
