@@ -141,15 +141,6 @@ cmk_v15:
       C(cpupools_conf_dir)); empty otherwise. Without a kubeconfig such a node is refused.
   returned: success
   type: str
-code:
-  description:
-    - Where the cpupools code that answered came from. The path of the node's
-      C(cmk.pyz) when that file is the controller's current build byte for byte
-      (its SHA-256 is the one O(build) gives for the zipapp) - the same sources,
-      already compiled - or C(payload), the sources this module was shipped with.
-  returned: success
-  type: str
-  sample: /opt/bin/cmk.pyz
 ansible_facts:
   description:
     - The topology as C(cpupools), as M(cpupools.cpupools.cpupools_facts) returns it.
@@ -169,45 +160,14 @@ topology_json:
 """
 
 import grp
-import importlib
-import sys
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node.nodecode import (
-    installed_build,
-    parse_build,
-)
-
-#: The modules of the cpupools package this module calls, by their place in it.
-PARTS = (
-    "node.converge",
-    "core.errors",
-    "planning.host_plan",
-    "node.hugepages",
-    "planning.inputs",
-    "planning.plan",
-    "hardware.topology",
-)
-
-
-def load(pyz):
-    """The package's modules, from the node's ``cmk.pyz`` (``pyz``, the controller's build) or from the payload.
-
-    Both hold the same sources (module_utils/cpupools/node/nodecode.py says why and when):
-    the node's copy has them compiled already.
-    """
-    if pyz:
-        sys.path.insert(0, pyz)
-        return {name.rpartition(".")[2]: importlib.import_module(f"cpupools.{name}") for name in PARTS}
-    # Written out, so that Ansible ships the package in the payload.
-    from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.core import errors
-    from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.hardware import topology
-    from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node import converge, hugepages
-    from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.planning import host_plan, inputs, plan
-
-    loaded = (converge, errors, host_plan, hugepages, inputs, plan, topology)
-    return {name.rpartition(".")[2]: module for name, module in zip(PARTS, loaded, strict=True)}
-
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.core import errors
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.hardware import topology as topo
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node import converge, hugepages
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node.nodecode import parse_build
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.planning import host_plan, inputs
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.planning import plan as planner
 
 ARGUMENT_SPEC = {
     "inputs": {"type": "dict", "required": True},
@@ -225,9 +185,6 @@ def main():
     host = params["host"]
     raw = params["inputs"]
     build = parse_build(params["build"], params["build_rc"])
-    pyz = installed_build(raw, build)
-    lib = load(pyz)
-    converge, errors, inputs = lib["converge"], lib["errors"], lib["inputs"]
 
     def say(text):
         return f"host {host}: {text}" if host else text
@@ -238,10 +195,10 @@ def main():
     facts_root = raw["cpupools_facts_root"] if "cpupools_facts_root" in raw else raw.get("cpupools_root", "/")
     facts_root = None if facts_root is None else str(facts_root)
     try:
-        facts_dir = lib["topology"].check_facts_root(facts_root)
-        topology = lib["topology"].gather_topology(facts_dir)
+        facts_dir = topo.check_facts_root(facts_root)
+        topology = topo.gather_topology(facts_dir)
         facts = topology.to_facts()
-        facts.update(lib["hugepages"].read_hugepages(facts_dir))  # as cpupools_facts reports them
+        facts.update(hugepages.read_hugepages(facts_dir))  # as cpupools_facts reports them
     except errors.CpupoolsError as exc:
         module.fail_json(msg=say(f"cpupools_facts_root: {facts_root!r}: {exc}"))
     result = {"ansible_facts": {"cpupools": facts}}
@@ -250,7 +207,7 @@ def main():
         values = checked.values
         inputs.check_root(values["root"])
         inputs.check_group(values["task_group"])
-        plan = lib["host_plan"].plan_host(topology, facts, values, lib["plan"].make_request(checked.request()))
+        plan = host_plan.plan_host(topology, facts, values, planner.make_request(checked.request()))
         result.update(plan=plan, inputs=values, exports=dict.fromkeys(converge.EXPORTS))
         result["cmk_v15"] = converge.cmk_v15_configmap(values, host or "")
         stages = {}
@@ -282,7 +239,6 @@ def main():
         result["exports"]["cpupools_k8s_status"] = converge.k8s_skipped_status(skip)
     for warning in plan["warnings"]:
         module.warn(say(warning))
-    result["code"] = pyz or "payload"
     module.exit_json(changed=False, **result)
 
 

@@ -43,12 +43,14 @@ NODE_DIR = "sys/devices/system/node"
 def read_text(path: str) -> str | None:
     """The text of ``path``; ``None`` when it does not exist."""
     try:
-        with open(path, encoding="ascii", errors="replace") as handle:
-            return handle.read()
+        with open(path, "rb") as handle:
+            data = handle.read()
     except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as exc:
         raise TopologyError(f"cannot read {path}: {exc.strerror}") from None
+    # What a text file in ASCII reads, newlines included; opening one imports the codec (0.2 ms of isolate).
+    return data.decode("ascii", "replace").replace("\r\n", "\n").replace("\r", "\n")
 
 
 def _listdir(path: str) -> list[str]:

@@ -1,19 +1,9 @@
-"""The controller's build of the agent, and the node's copy of it: which code the plan play's module runs.
+"""The agent's files on the node, and the controller's build of them.
 
-``cpupools_converged`` runs on every host of every run. Most of its own cost
-is Python compiling this package from the module's payload, which Ansible
-ships as source in a zip (no bytecode). The node agent, ``cmk.pyz``, is this
-same package with its bytecode compiled once on the controller
-(``scripts/build_agent.py``). When the node's ``cmk.pyz`` is the controller's
-current build, byte for byte (its SHA-256 is the one ``build_agent.py --check``
-printed for the sources of this run), the module imports the package from it
-instead: the same sources, without compiling them. On a node whose
-``python3`` has another bytecode version, zipimport compiles the same
-sources from the ``.pyz``. Any other case (no build, another digest, a file
-that cannot be read) uses the payload, as before (docs/performance.md).
-
-Standard library only and nothing else of this package: the module imports
-this file before it knows which copy of the package to use.
+Where ``cmk`` lives (``AGENT_PATH``; the zipapp is ``<path>.pyz``), a path
+on the node under its root, a file's digest, and the digests
+``scripts/build_agent.py --check`` prints: what the plan play's check
+compares the node's copy of the agent with. Standard library only.
 """
 
 from __future__ import annotations
@@ -56,24 +46,3 @@ def parse_build(text: str | None, rc: int | None = 0) -> dict | None:
         out["pyz_sha256" if path.endswith(".pyz") else "launcher_sha256"] = digest
         out["stale"] = out["stale"] or verdict != "unchanged"
     return out if "pyz_sha256" in out and "launcher_sha256" in out else None
-
-
-def installed_build(raw: dict, build: dict | None) -> str | None:
-    """The node's ``cmk.pyz`` when it is ``build`` byte for byte, else None.
-
-    ``raw`` are the host's ``cpupools_*`` variables as given (not yet checked:
-    checking them is the code this chooses). A value that is not a usable
-    path only means "not found": the chosen code then refuses it by name.
-    """
-    if not build:
-        return None
-    root = raw.get("cpupools_root", "/")
-    agent = raw.get("cpupools_agent_path", AGENT_PATH)
-    if not isinstance(root, str) or not isinstance(agent, str) or not root or not agent.startswith("/"):
-        return None
-    path = under(root, agent + ".pyz")
-    try:
-        digest = sha256_of(path)
-    except (OSError, ValueError):  # not readable, a directory, a NUL in the path
-        return None
-    return path if digest is not None and digest == build.get("pyz_sha256") else None

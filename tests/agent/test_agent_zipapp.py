@@ -1,0 +1,222 @@
+"""The agent's zipapp holds exactly the code ``cmk`` imports, and runs with nothing else.
+
+What ``cmk`` imports is seen from outside here, not read from the sources as
+scripts/build_agent.py reads it: every subcommand and path that imports
+lazily (isolate, its errors, describe, node-report, reconcile with its
+metrics and its re-advertising) runs from a copy of the launcher and the
+``.pyz`` alone in an empty directory, under ``env -i`` and ``python3 -I -S``,
+and a process that imports from the copy lists the package's modules it
+loaded (at exit, and in isolate's child at ``exec``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from agent_support import PLAN_1X, make_plan, tasks_of, write_plan_state
+
+#: Run in a process of its own: import cmk from the .pyz given, run it, append the
+#: cpupools modules it loaded (their files) to OUT at exit and at any exec.
+PROBE = """\
+import os, sys
+out, pyz, *argv = sys.argv[1:]
+sys.path.insert(0, pyz)
+
+def dump():
+    names = sorted(n for n in sys.modules if n == "cpupools" or n.startswith("cpupools."))
+    with open(out, "a") as handle:
+        handle.writelines(f"{sys.modules[n].__file__}\\n" for n in names)
+
+def hook(event, _args):
+    if event == "os.exec":
+        dump()
+
+sys.addaudithook(hook)
+try:
+    from cpupools.agent.agent import main
+    code = main(argv)
+finally:
+    dump()
+sys.exit(code)
+"""
+
+#: A kubeconfig whose server refuses the connection: the re-advertise path runs and fails quietly.
+KUBECONFIG = """\
+apiVersion: v1
+kind: Config
+clusters:
+- name: c
+  cluster:
+    server: https://127.0.0.1:9
+users:
+- name: u
+  user:
+    token: t
+contexts:
+- name: x
+  context:
+    cluster: c
+    user: u
+current-context: x
+"""
+
+
+@pytest.fixture(scope="module")
+def alone(cmk, tmp_path_factory):
+    """The launcher and the zipapp copied into an empty directory; the checkout is nowhere near."""
+    where = tmp_path_factory.mktemp("alone")
+    for name in ("cmk", "cmk.pyz"):
+        shutil.copy2(Path(cmk).with_name(name), where / name)
+    return where
+
+
+def bare_env(**extra: str) -> dict[str, str]:
+    """``env -i`` with a node's PATH: no PYTHONPATH, no HOME, nothing of this test's environment."""
+    return {"PATH": "/usr/bin:/bin", **extra}
+
+
+def run_alone(argv: list[str], cwd: Path, **extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["/usr/bin/env", "-i", *(f"{k}={v}" for k, v in bare_env(**extra).items()), *argv],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def members(pyz: Path) -> set[str]:
+    with zipfile.ZipFile(pyz) as zf:
+        return {n for n in zf.namelist() if n.endswith(".py") and n != "__main__.py"}
+
+
+def test_the_zipapp_holds_exactly_what_cmk_imports(alone, tmp_path):
+    pyz = alone / "cmk.pyz"
+    probe = tmp_path / "probe.py"
+    probe.write_text(PROBE)
+    out = tmp_path / "imported"
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    conf = write_plan_state(tmp_path / "conf", PLAN_1X, {"exclusive": {"0": {"1": [2**22 + 7]}}})
+    two = write_plan_state(tmp_path / "two", make_plan({"exclusive": {"0": ["0", "1"]}}))
+    kubeconfig = tmp_path / "kubelet.conf"
+    kubeconfig.write_text(KUBECONFIG)
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    commands = [
+        (["isolate", f"--conf-dir={conf}", "--pool=shared", "--", "/bin/true"], 0),
+        (["isolate", f"--conf-dir={two}", "--pool=exclusive", "--no-affinity", "--", "/bin/true"], 0),
+        (["isolate", f"--conf-dir={conf}", "--pool=nope", "--", "/bin/true"], None),
+        (["isolate", f"--conf-dir={conf}", "--pool=shared", "--", "/nonexistent/cmd"], 127),
+        (["isolate", "--pool=shared"], None),
+        (["describe", f"--conf-dir={conf}"], 0),
+        (["describe", f"--conf-dir={tmp_path / 'absent'}"], None),
+        (["node-report", f"--conf-dir={conf}"], 0),
+        (["--help"], 0),
+        (["frobnicate"], None),
+        (
+            [
+                "reconcile",
+                f"--conf-dir={conf}",
+                f"--metrics-dir={metrics}",
+                f"--kubeconfig={kubeconfig}",
+                "--node-name=n1",
+            ],
+            0,
+        ),
+    ]
+    for argv, status in commands:
+        res = run_alone([sys.executable, "-I", "-S", str(probe), str(out), str(pyz), *argv], cwd, CMK_NUM_CORES="2")
+        assert "Traceback" not in res.stderr and "ImportError" not in res.stderr, (argv, res.stderr)
+        assert "internal error" not in res.stderr, (argv, res.stderr)
+        assert res.returncode == status if status is not None else res.returncode not in (0, 70, 1), (argv, res)
+    # The last, reconcile, freed the dead PID's list, wrote the metrics and tried to re-advertise.
+    assert "re-advertising on node n1: cannot reach the API server https://127.0.0.1:9" in res.stderr, res.stderr
+    assert tasks_of(conf) == {"1": []} and (metrics / "cpupools.prom").exists()
+    files = set(out.read_text().split())
+    prefix = f"{pyz}/"
+    assert all(f.startswith(prefix) for f in files), sorted(f for f in files if not f.startswith(prefix))
+    imported = {f.removeprefix(prefix).removesuffix("c") for f in files}  # its .pyc, or its source
+    assert "cpupools/cluster/k8s_advertise.py" in imported  # the probe saw the lazy paths
+    assert members(pyz) == imported, {"never imported": members(pyz) - imported, "missing": imported - members(pyz)}
+
+
+def test_the_controllers_code_is_not_in_the_zipapp(cmk):
+    names = members(Path(cmk + ".pyz"))
+    assert "cpupools/agent/agent.py" in names
+    leaked = sorted(
+        n
+        for n in names
+        if n.startswith(("cpupools/planning/", "cpupools/report/"))
+        or n.rpartition("/")[2] in ("k8s_admission.py", "cmk_retire.py", "runtimes_apply.py")
+    )
+    assert leaked == []
+
+
+def test_the_zipapp_alone_runs_isolate_describe_and_reconcile(alone, tmp_path):
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    dead = 2**22 + 11
+    conf = write_plan_state(tmp_path / "conf", PLAN_1X, {"exclusive": {"0": {"1": [dead]}}})
+    launcher = str(alone / "cmk")
+    # Through the launcher's own shebang (/usr/bin/env python3), as a node runs it.
+    iso = run_alone(
+        [launcher, "isolate", f"--conf-dir={conf}", "--pool=shared", "--", "/bin/sh", "-c", "echo $CMK_CPUS_ASSIGNED"],
+        cwd,
+    )
+    assert (iso.returncode, iso.stdout, iso.stderr) == (0, "0\n", "")
+    described = run_alone([launcher, "describe", f"--conf-dir={conf}"], cwd)
+    assert described.returncode == 0, described.stderr
+    pools = json.loads(described.stdout)["pools"]
+    assert pools["exclusive"]["cpuLists"]["1"]["tasks"] == [dead]
+    assert pools["shared"]["cpuLists"]["0"]["tasks"] == []  # isolate gave its list back
+    rec = run_alone([sys.executable, "-I", "-S", launcher, "reconcile", f"--conf-dir={conf}"], cwd)
+    assert rec.returncode == 0, rec.stderr
+    assert json.loads(rec.stdout)["reclaimedCpuLists"] == [{"cpus": "1", "pid": dead, "pool": "exclusive"}]
+    assert tasks_of(conf) == {"1": []}
+    assert sorted(os.listdir(alone)) == ["cmk", "cmk.pyz"] and os.listdir(cwd) == []
+
+
+def test_the_closure_is_read_from_every_import_statement(tmp_path, monkeypatch):
+    """Module level and inside functions, ``from .pkg import module`` and ``from . import module``; nothing else."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    try:
+        import build_agent
+    finally:
+        sys.path.pop(0)
+    files = {
+        "__init__.py": "",
+        "agent/__init__.py": "",
+        "agent/agent.py": "from ..core import errors\n\ndef later():\n    from . import lazy\n",
+        "agent/lazy.py": "import os\nfrom ..core.names import X\n",
+        "core/__init__.py": "",
+        "core/errors.py": "",
+        "core/names.py": "X = 1\n",
+        "core/unused.py": "",
+        "planning/__init__.py": "",
+        "planning/plan.py": "from ..core import errors\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    monkeypatch.setattr(build_agent, "PACKAGE_DIR", str(tmp_path))
+    assert build_agent.closure() == [
+        "__init__.py",
+        "agent/__init__.py",
+        "agent/agent.py",
+        "agent/lazy.py",
+        "core/__init__.py",
+        "core/errors.py",
+        "core/names.py",
+    ]
+    (tmp_path / "agent/lazy.py").write_text("def f():\n    from ..core.missing import X\n")
+    with pytest.raises(SystemExit, match=r"lazy.py:2: no module core.missing in the package"):
+        build_agent.closure()
