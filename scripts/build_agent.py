@@ -70,17 +70,16 @@ LAUNCHER = (
     "import sys\n\n"
     'sys.path.insert(0, os.path.realpath(__file__) + ".pyz")\n'
     "try:\n"
-    "    from cpupools.agent.agent import main\n"
+    "    from cpupools.agent.agent import leave, main\n"
     "except ImportError as exc:\n"
     '    sys.stderr.write(f"cmk: cannot load {{sys.path[0]}}: {{exc}}\\n")\n'
     "    sys.exit(70)\n"
-    "sys.exit(main())\n"
+    "leave(main())\n"
 )
 MAIN = (
     '"""cmk: the cpupools node agent (built by scripts/build_agent.py)."""\n'
-    "import sys\n\n"
-    "from cpupools.agent.agent import main\n\n"
-    "sys.exit(main())\n"
+    "from cpupools.agent.agent import leave, main\n\n"
+    "leave(main())\n"
 )
 
 

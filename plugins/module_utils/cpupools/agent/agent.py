@@ -630,3 +630,23 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a bug: still one line, and a distinct status
         sys.stderr.write(f"cmk: internal error: {exc!r}\n")
         return EXIT_INTERNAL
+
+
+def leave(status: int) -> None:
+    """Exit with ``status`` now, without the interpreter's shutdown; the launcher's last call. Never returns.
+
+    Python's shutdown (module teardown, a last garbage collection) cost
+    ``cmk isolate`` about 2 ms of CPU on every workload's start (a fifth of
+    the whole command), and ``cmk`` needs none of it: every file it writes is
+    closed, synced and renamed before its command returns, and the lock is
+    the kernel's (released with the descriptor). Only Python's own buffers of
+    stdout and stderr are left, flushed here; a reader that went away
+    (``cmk describe | head``) costs the rest of the output, not the status.
+    """
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (BrokenPipeError, ValueError):  # reader gone, or a stream closed by a caller
+        pass
+    finally:
+        os._exit(status)

@@ -81,7 +81,7 @@ def tasks_or_none(cl: st.CpuList) -> list[int] | None:
 
 
 def self_identity(proc_fs: str, doing: str, conf: str) -> tuple[int, int]:
-    """Host PID and start time of this process, from ``<CMK_PROC_FS>/self/stat`` (CMK §4.1).
+    """Host PID and start time of this process, from ``<CMK_PROC_FS>/self/stat`` (as CMK's intel/isolate.py).
 
     Refused (usage error, 64) when that procfs cannot show the host's PIDs
     (``state.proc_view_problem``): a PID from a PID namespace of its own

@@ -320,7 +320,7 @@ def cmd_reconcile(opts: dict[str, str | bool], environ: dict[str, str] | os._Env
 
 
 def describe(conf: str, timeout: float, strays: list[str] | None = None) -> dict:
-    """CMK's describe dict (§6): pools with their cpulists and task PIDs.
+    """CMK's describe dict (its intel/describe.py): pools with their cpulists and task PIDs.
 
     Stray entries and cpulists with a damaged ``tasks`` file are left out and
     appended to ``strays`` (one line each).
