@@ -15,7 +15,9 @@ sys.path[:0] = [os.path.join(HERE, "..", "plugins", "module_utils"), os.path.joi
 
 from cpupools.hardware.topology import gather_topology  # noqa: E402
 from cpupools.planning.plan import make_request, plan_pools  # noqa: E402
-from cpupools.report.report import TEMPLATE, analyse, page_model, render_page, text_lines  # noqa: E402
+from cpupools.report.analysis import analyse  # noqa: E402
+from cpupools.report.page import TEMPLATE, page_model, render_page  # noqa: E402
+from cpupools.report.text import text_lines  # noqa: E402
 from sysfs import CORPUS, write_tree  # noqa: E402
 
 PAGE = os.path.join(HERE, "..", "roles", "cpupools_report", "templates", TEMPLATE)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from cpupools.report import report
+from cpupools.report import page
 from helpers import REPO
 
-TEMPLATE = str(REPO / "roles" / "cpupools_report" / "templates" / report.TEMPLATE)
+TEMPLATE = str(REPO / "roles" / "cpupools_report" / "templates" / page.TEMPLATE)
 
 
 def render_html(hosts: Sequence[Mapping], failed: Sequence[str] = (), **kw) -> str:
-    return report.render_html(hosts, TEMPLATE, failed, **kw)
+    return page.render_html(hosts, TEMPLATE, failed, **kw)

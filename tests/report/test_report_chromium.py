@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from cpupools.core.cpulist import parse_cpulist
-from cpupools.report.report import COLOURS, PENDING_COLOUR
+from cpupools.report.page import COLOURS, PENDING_COLOUR
 from report_page import render_html
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

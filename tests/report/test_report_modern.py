@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import html
 
-from cpupools.report.report import analyse_host, render_text
+from cpupools.report.analysis import analyse_host
+from cpupools.report.text import render_text
 from report_page import render_html
 
 

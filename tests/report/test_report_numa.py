@@ -12,7 +12,9 @@ import re
 from html.parser import HTMLParser
 
 import pytest
-from cpupools.report.report import ReportError, analyse_host, render_text, render_text_lines
+from cpupools.core.errors import ReportError
+from cpupools.report.analysis import analyse_host
+from cpupools.report.text import render_text, render_text_lines
 from report_page import render_html
 from sysfs import CORPUS
 

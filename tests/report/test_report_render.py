@@ -9,15 +9,9 @@ from html.parser import HTMLParser
 
 import pytest
 from cpupools.core.cpulist import format_cpulist, parse_cpulist
-from cpupools.core.errors import CpupoolsError
-from cpupools.report.report import (
-    OFFLINE,
-    STRANDED,
-    ReportError,
-    analyse_host,
-    render_text,
-    render_text_lines,
-)
+from cpupools.core.errors import CpupoolsError, ReportError
+from cpupools.report.analysis import OFFLINE, STRANDED, analyse_host
+from cpupools.report.text import render_text, render_text_lines
 from report_page import render_html
 from sysfs import CORPUS
 

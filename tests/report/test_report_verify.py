@@ -10,9 +10,10 @@ import time
 from html.parser import HTMLParser
 
 import pytest
+from cpupools.core.errors import ReportError
 from cpupools.report import report, report_store
-from cpupools.report.report import ReportError, render_text
 from cpupools.report.report_verify import LATENCY_SCALE
+from cpupools.report.text import render_text
 from report_page import TEMPLATE, render_html
 from verify_results import noisy
 

@@ -13,7 +13,7 @@ a plain file name), written to a temporary file beside it and renamed over
 it: a reader sees the old file or the new one, never a part; two runs
 writing at once write different files, or the same host's file whole, the
 last rename winning. A crashed writer leaves a ``.*.tmp`` file that readers
-skip. Standard library only; the I/O is here, the rendering in report.py.
+skip. Standard library only; the I/O is here, the rendering in text.py and page.py.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ was found on it, and the jitter measured; the latency colour scale and the per-n
 
 The result's shape is docs/verify-schema (version 1); the report reads only
 the parts below and leaves the rest to the JSON beside the page. Pure and
-deterministic, standard library only, like report.py.
+deterministic, standard library only, like analysis.py.
 """
 
 from __future__ import annotations
