@@ -20,9 +20,6 @@ from helpers import REPO
 #: READMEs, and the text files of the code, playbooks, scenarios and tests.
 TREES = ("docs", "plugins", "scripts", "playbooks", "molecule", "tests", ".config/molecule")
 SUFFIXES = {".md", ".py", ".yml", ".yaml", ".cfg", ".j2", ".sh", ".txt", ".ini", ".toml"}
-#: The lead's restructuring of this package (issue 29) rewrites its docstrings;
-#: its references are mended there. Remove this once that has landed.
-NOT_YET = ("plugins/module_utils/cpupools/",)
 
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 MARKDOWN_PATH = re.compile(r"(?<![\w./\"'-])((?:\.\./|[\w.-]+/)*[\w-]+\.md)\b")
@@ -38,8 +35,7 @@ def documents() -> list[str]:
             for p in (REPO / tree).rglob("*")
             if p.is_file() and p.suffix in SUFFIXES and "__pycache__" not in p.parts and ".hypothesis" not in p.parts
         )
-    names = [str(p.relative_to(REPO)) for p in found]
-    return [n for n in names if not n.startswith(NOT_YET)]
+    return [str(p.relative_to(REPO)) for p in found]
 
 
 def _leads_somewhere(path, target: str) -> bool:

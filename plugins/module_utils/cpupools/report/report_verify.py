@@ -1,7 +1,7 @@
 """What the fleet report shows of a host's last ``cpupools_verify`` result: per CPU, quiet or not, what
 was found on it, and the jitter measured; the latency colour scale and the per-node chart.
 
-The result's shape is docs/verify-schema (version 1); the report reads only
+The result's shape is the ``cpupools_verify`` module's RETURN (version 1); the report reads only
 the parts below and leaves the rest to the JSON beside the page. Pure and
 deterministic, standard library only, like analysis.py.
 """
