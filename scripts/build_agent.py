@@ -116,13 +116,19 @@ def _file(parts: tuple[str, ...]) -> str | None:
     return None
 
 
-def _imported(parts: tuple[str, ...], path: str) -> list[tuple[str, ...]]:
-    """The package's modules that the module ``parts`` (at ``path``) imports, wherever the statement is."""
+def imported(parts: tuple[str, ...], path: str, everywhere: bool = True) -> list[tuple[str, ...]]:
+    """The package's modules that the module ``parts`` (at ``path``) imports.
+
+    Wherever the statement is (``everywhere``: a lazy import is still needed
+    when its function runs), or at module level only (what importing the
+    module runs at once: tests/test_layers.py's cycle check). The one reader
+    of the package's import graph: the closure here, the floors there.
+    """
     with open(path, "rb") as handle:
         tree = ast.parse(handle.read(), path)
     here = parts if path.endswith("__init__.py") else parts[:-1]  # the package a relative import starts from
     found = []
-    for node in ast.walk(tree):
+    for node in ast.walk(tree) if everywhere else tree.body:
         if isinstance(node, ast.ImportFrom) and node.level:
             if node.level - 1 > len(here):
                 raise SystemExit(f"build_agent.py: {path}:{node.lineno}: relative import above the package")
@@ -153,7 +159,7 @@ def closure() -> list[str]:
                 if path is None:
                     raise SystemExit(f"build_agent.py: no module {'.'.join(module) or 'cpupools'} in the package")
                 seen[module] = path
-                todo += _imported(module, path)
+                todo += imported(module, path)
     return sorted(os.path.relpath(path, PACKAGE_DIR).replace(os.sep, "/") for path in seen.values())
 
 

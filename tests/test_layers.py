@@ -15,6 +15,11 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "plugins" / "module_utils" / "cpupools"
+sys.path.insert(0, str(REPO / "scripts"))
+try:
+    import build_agent
+finally:
+    sys.path.pop(0)
 
 #: Sub-package -> the sub-packages it may import (besides itself). Floors 0-5.
 ALLOWED = {
@@ -31,59 +36,53 @@ ALLOWED = {
 THIRD_PARTY = {"report": {"jinja2"}}
 
 
-def modules() -> dict[str, ast.Module]:
-    """``'<sub>.<module>'`` -> its syntax tree, for every module of the package."""
+def modules() -> dict[tuple[str, ...], Path]:
+    """``('<sub>', '<module>')`` (``('<sub>',)`` for its ``__init__``) -> its file, for every module of the package."""
     found = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         parts = path.relative_to(PACKAGE).with_suffix("").parts
-        found[".".join(parts)] = ast.parse(path.read_text(), str(path))
+        found[parts[:-1] if parts[-1] == "__init__" else parts] = path
     return found
 
 
-def imports(name: str, tree: ast.Module) -> list[tuple[int, str]]:
-    """``(line, target)`` of each import of the package by ``name``; a target is ``'<sub>.<module>'`` or ``'<sub>'``."""
-    here = name.split(".")[:-1]  # the module's package, relative to cpupools (an __init__'s is its own)
-    out = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.level:
-            base = here[: len(here) - (node.level - 1)] if node.level > 1 else here
-            assert node.level - 1 <= len(here), f"{name}:{node.lineno}: import above the package"
-            prefix = [*base, *(node.module.split(".") if node.module else [])]
-            if node.module:
-                out.append((node.lineno, ".".join(prefix)))
-            else:
-                out.extend((node.lineno, ".".join([*prefix, alias.name])) for alias in node.names)
-    return out
+def imports(parts: tuple[str, ...], path: Path, everywhere: bool = True) -> list[tuple[str, ...]]:
+    """What the module imports of the package, read as the agent's build reads it (scripts/build_agent.py)."""
+    return build_agent.imported(parts, str(path), everywhere)
+
+
+def show(parts: tuple[str, ...]) -> str:
+    return ".".join(parts) or "cpupools"
 
 
 def test_every_module_is_in_a_sub_package_with_a_place():
-    tree = modules()
-    top = sorted(n for n in tree if "." not in n and n != "__init__")
+    found = modules()
+    top = sorted(show(p) for p in found if len(p) == 1 and found[p].name != "__init__.py")
     assert not top, f"modules outside a sub-package: {top} (put each where its imports say it belongs)"
-    subs = {n.split(".")[0] for n in tree if "." in n}
+    subs = {p[0] for p in found if (p and found[p].name == "__init__.py") or len(p) > 1}
     assert subs == set(ALLOWED), f"sub-packages without a place in ALLOWED, or gone: {subs ^ set(ALLOWED)}"
 
 
 def test_lower_floors_never_import_higher_ones():
     wrong = []
-    for name, tree in modules().items():
-        if "." not in name:
+    for parts, path in modules().items():
+        if not parts:
             continue
-        sub = name.split(".")[0]
-        for line, target in imports(name, tree):
-            other = target.split(".")[0]
-            if other != sub and other not in ALLOWED[sub]:
-                wrong.append(f"{name}:{line} imports {target} ({sub} may import {sorted(ALLOWED[sub]) or 'nothing'})")
+        sub = parts[0]
+        for target in imports(parts, path):
+            if target and target[0] != sub and target[0] not in ALLOWED[sub]:
+                allowed = sorted(ALLOWED[sub]) or "nothing"
+                wrong.append(f"{show(parts)} imports {show(target)} ({sub} may import {allowed})")
     assert not wrong, "\n".join(wrong)
 
 
 def test_init_files_import_nothing():
     """Importing one module loads only its own imports: the agent's zipapp is exactly that closure."""
-    for name, tree in modules().items():
-        if name.endswith("__init__"):
+    for parts, path in modules().items():
+        if path.name == "__init__.py":
+            tree = ast.parse(path.read_text(), str(path))
             body = [n for n in tree.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
-            assert not body, f"{name}.py holds more than its docstring"
-            assert ast.get_docstring(tree), f"{name}.py has no docstring saying what it owns"
+            assert not body, f"{show(parts)}/__init__.py holds more than its docstring"
+            assert ast.get_docstring(tree), f"{show(parts)}/__init__.py has no docstring saying what it owns"
 
 
 def test_standard_library_only_and_relative():
@@ -92,37 +91,35 @@ def test_standard_library_only_and_relative():
     (The report's page, rendered on the controller, is the one exception: THIRD_PARTY.)
     """
     wrong = []
-    for name, tree in modules().items():
-        for node in ast.walk(tree):
+    for parts, path in modules().items():
+        known = sys.stdlib_module_names | (THIRD_PARTY.get(parts[0], set()) if parts else set())
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
                 roots = [alias.name.split(".")[0] for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and not node.level:
                 roots = [node.module.split(".")[0]]
             else:
                 continue
-            extra = THIRD_PARTY.get(name.split(".")[0], set())
-            wrong += [f"{name}:{node.lineno} imports {r}" for r in roots if r not in sys.stdlib_module_names | extra]
+            wrong += [f"{show(parts)}:{node.lineno} imports {r}" for r in roots if r not in known]
     assert not wrong, "\n".join(wrong)
 
 
 def test_the_module_graph_has_no_cycle():
     """Within a floor too: the import-time graph (imports at module level) is acyclic."""
-    tree = modules()
-    graph = {}
-    for name, module in tree.items():
-        top_level = ast.Module(body=[n for n in module.body if isinstance(n, ast.ImportFrom)], type_ignores=[])
-        graph[name] = {t for _, t in imports(name, top_level) if t in tree}
-    seen: dict[str, int] = {}
+    found = modules()
+    graph = {parts: set(imports(parts, path, everywhere=False)) & set(found) for parts, path in found.items()}
+    seen: dict[tuple[str, ...], int] = {}
 
-    def visit(name: str, path: list[str]) -> None:
-        if seen.get(name) == 2:
+    def visit(parts: tuple[str, ...], trail: list[tuple[str, ...]]) -> None:
+        if seen.get(parts) == 2:
             return
-        if seen.get(name) == 1:
-            pytest.fail("import cycle: " + " -> ".join([*path[path.index(name) :], name]))
-        seen[name] = 1
-        for target in sorted(graph[name]):
-            visit(target, [*path, name])
-        seen[name] = 2
+        if seen.get(parts) == 1:
+            cycle = [*trail[trail.index(parts) :], parts]
+            pytest.fail("import cycle: " + " -> ".join(show(p) for p in cycle))
+        seen[parts] = 1
+        for target in sorted(graph[parts]):
+            visit(target, [*trail, parts])
+        seen[parts] = 2
 
-    for name in sorted(graph):
-        visit(name, [])
+    for parts in sorted(graph):
+        visit(parts, [])
