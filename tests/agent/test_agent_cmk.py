@@ -28,8 +28,28 @@ PLAN_2S = make_plan(
 )
 
 
+def default_signals() -> None:
+    """Start cmk as from a shell with default signals, whatever the test runner inherited.
+
+    A runner started under ``nohup`` or as a background job of a non-interactive
+    shell ignores SIGHUP, SIGINT and SIGQUIT; isolate keeps what its parent
+    ignored ignored for the workload (test_signals_the_parent_left_ignored_...),
+    so the tests of the default case must not inherit that.
+    """
+    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def run(cmk, *args, env=None, timeout=30, **kw):
-    return subprocess.run([cmk, *args], env=env or agent_env(), capture_output=True, text=True, timeout=timeout, **kw)
+    return subprocess.run(
+        [cmk, *args],
+        env=env or agent_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        preexec_fn=default_signals,
+        **kw,
+    )
 
 
 def child_env_of(cmk, conf, *opts, **env):
@@ -147,6 +167,7 @@ def test_signals_are_forwarded_and_the_list_given_back(cmk, state_dir, tmp_path,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=default_signals,
     )
     try:
         deadline = time.monotonic() + 20
