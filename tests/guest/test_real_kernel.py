@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -114,6 +115,20 @@ def kernel_state(node: Guest) -> dict:
     return {"args": args, "isolated": out[1].strip(), "nohz_full": out[2].strip(), "release": out[3].strip()}
 
 
+def save_kernel_state(guest: Guest, path: Path) -> None:
+    """What the guest's kernel shows about isolation (kernel_state.sh), kept beside the test's files.
+
+    A record for reading a failure, not a check: the script starts a few
+    processes per task of the guest, which under CI's load and the emulator
+    took more than two minutes once; then the file says so and the test goes on.
+    """
+    try:
+        text = guest.ssh(KERNEL_STATE.read_text(), timeout=300)
+    except (subprocess.TimeoutExpired, RuntimeError) as exc:
+        text = f"not read: {exc}\n"
+    path.write_text(text)
+
+
 def test_site_reboot_verify_rerun(guest, tmp_path, capsys):
     inv = inventory(tmp_path, guest)
     before = kernel_state(guest)
@@ -135,7 +150,7 @@ def test_site_reboot_verify_rerun(guest, tmp_path, capsys):
     # 2. The product's rolling reboot: a real ansible.builtin.reboot through the guest's GRUB.
     run("playbooks/reboot.yml", tmp_path, inv, guest, "reboot")
     after = kernel_state(guest)
-    (tmp_path / "kernel-state.txt").write_text(guest.ssh(KERNEL_STATE.read_text()))  # for a failing verify
+    save_kernel_state(guest, tmp_path / "kernel-state.txt")  # for a failing verify
     for arg, value in EXPECTED_ARGS.items():
         assert after["args"].get(arg) == value, (arg, after["args"], drop_in)
     assert after["isolated"] == "2-3,6-7", after
