@@ -5,7 +5,7 @@ library only and runs inside the node agent, which must not need the
 ``kubernetes`` library. Here the client loads the kubeconfig (contexts, client
 certificates, tokens, exec plugins) or the in-cluster service account; the
 requests themselves are plain JSON sent through the client's ``ApiClient``, so
-the logic in ``cpupools.k8s_apply`` sees dicts, exactly what the server sent.
+the logic in ``cpupools.cluster.k8s_apply`` sees dicts, exactly what the server sent.
 
 Nothing here logs or returns a credential: error messages name the kubeconfig
 path, the context and the server URL only.
@@ -90,7 +90,7 @@ def load_configuration(kubeconfig: str | None, context: str | None, in_cluster: 
 
 
 def connect(kubeconfig: str | None, context: str | None, in_cluster: bool, request_timeout: int = 30):
-    """``(transport, server_url)`` for ``cpupools.k8s_apply``."""
+    """``(transport, server_url)`` for ``cpupools.cluster.k8s_apply``."""
     cfg = load_configuration(kubeconfig, context, in_cluster)
     api_client = k8s_client.ApiClient(configuration=cfg)
     server = cfg.host
@@ -125,7 +125,7 @@ def connect(kubeconfig: str | None, context: str | None, in_cluster: bool, reque
 
 
 def connect_api(params: dict, where: str) -> Api:
-    """The ``cpupools.k8s_apply.Api`` a module's connection options name; ``where`` is what messages name."""
+    """The ``cpupools.cluster.k8s_apply.Api`` a module's connection options name; ``where`` is what messages name."""
     p = params
     transport, server = connect(p["kubeconfig"], p["context"], p["in_cluster"], p["request_timeout"])
     return Api(transport, server, where)

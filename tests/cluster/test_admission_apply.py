@@ -1,4 +1,4 @@
-"""``cpupools.k8s_admission``: discovery, publish, compare, remove, against the real server (v1.36, ``v1``).
+"""``cpupools.cluster.k8s_admission``: discovery, publish, compare, remove, against the real server (v1.36, ``v1``).
 
 An older server (``v1beta1`` on 1.35, nothing on 1.33) and a writer at a
 chosen moment stay on the fake, each saying so.

@@ -1,4 +1,4 @@
-"""``cpupools.k8s_apply``'s CRD handling over the stdlib transport: the CRD's conditions as a real server sets them."""
+"""``cpupools.cluster.k8s_apply``'s CRD handling over the stdlib transport: the conditions a real server sets."""
 
 from __future__ import annotations
 
