@@ -34,7 +34,7 @@ options:
   shebang:
     description: The launcher's interpreter line, as C(cpupools_agent_shebang) gives it.
     type: str
-    default: /usr/bin/env python3
+    default: /bin/sh
 attributes:
   check_mode:
     support: full
@@ -84,7 +84,7 @@ from ansible.module_utils.basic import AnsibleModule
 ARGUMENT_SPEC = {
     "script": {"type": "path", "required": True},
     "output": {"type": "path", "required": True},
-    "shebang": {"type": "str", "default": "/usr/bin/env python3"},
+    "shebang": {"type": "str", "default": "/bin/sh"},
 }
 
 

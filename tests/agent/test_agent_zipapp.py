@@ -20,7 +20,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from agent_support import PLAN_1X, make_plan, tasks_of, write_plan_state
+from agent_support import PLAN_1X, REPO, make_plan, tasks_of, write_plan_state
 
 #: Run in a process of its own: import cmk from the .pyz given, run it, append the
 #: cpupools modules it loaded (their files) to OUT at exit and at any exec.
@@ -220,3 +220,50 @@ def test_the_closure_is_read_from_every_import_statement(tmp_path, monkeypatch):
     (tmp_path / "agent/lazy.py").write_text("def f():\n    from ..core.missing import X\n")
     with pytest.raises(SystemExit, match=r"lazy.py:2: no module core.missing in the package"):
         build_agent.closure()
+
+
+#: Shadows the stdlib's _ctypes (isolate loads it for prctl) for a Python that reads PYTHONPATH; a
+#: workload's module of that name would leave its command without the death signal, silently.
+POISON = 'import sys\nsys.stderr.write("the workload\'s PYTHONPATH reached cmk\\n")\nraise ImportError("poison")\n'
+
+
+def test_the_launcher_runs_the_path_python3_isolated_through_sh(alone, tmp_path):
+    """``#!/bin/sh`` (the default): sh execs the first python3 on PATH with ``-IS`` and the launcher's path.
+
+    The workload's ``PYTHONPATH`` does not reach ``cmk`` (a module there named
+    like one of the stdlib's that isolate imports would be imported instead);
+    a link to the launcher finds the zipapp beside the link's target; without
+    a python3 on PATH, sh says so and isolate exits 127 as ``env`` did.
+    """
+    assert (alone / "cmk").read_text().startswith('#!/bin/sh\n"exec" "python3" "-IS" "$0" "$@"\n')
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "python3.args"
+    wrapper = bin_dir / "python3"
+    wrapper.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {log}\nexec /usr/bin/python3 "$@"\n')
+    wrapper.chmod(0o755)
+    poison = tmp_path / "poison"
+    poison.mkdir()
+    (poison / "_ctypes.py").write_text(POISON)
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    link = cwd / "cmk-link"
+    link.symlink_to(alone / "cmk")
+    conf = write_plan_state(tmp_path / "conf", PLAN_1X)
+    argv = ["isolate", f"--conf-dir={conf}", "--pool=shared", "--", "/bin/sh", "-c", "echo $CMK_CPUS_ASSIGNED"]
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "PYTHONPATH": str(poison)}
+    res = run_alone([str(link), *argv], cwd, **env)
+    assert (res.returncode, res.stdout, res.stderr) == (0, "0\n", "")
+    assert log.read_text().splitlines() == ["-IS", str(link), *argv]
+    # The same poison reaches a launcher whose interpreter line is a plain python3: the test can fail.
+    plain = tmp_path / "plain"
+    build = [sys.executable, str(REPO / "scripts" / "build_agent.py"), "--shebang=/usr/bin/env python3"]
+    subprocess.run([*build, str(plain / "cmk")], check=True, capture_output=True)
+    res = run_alone([str(plain / "cmk"), *argv], cwd, **env)
+    assert (res.returncode, res.stdout) == (0, "0\n") and "the workload's PYTHONPATH reached cmk" in res.stderr
+    # A Python interpreter line reads the exec line as a string and runs the rest.
+    res = run_alone([str(plain / "cmk"), *argv], cwd, PATH=env["PATH"])
+    assert (res.returncode, res.stdout, res.stderr) == (0, "0\n", "")
+    missing = run_alone([str(alone / "cmk"), *argv], cwd, PATH=str(tmp_path / "nowhere"))
+    assert missing.returncode == 127 and "python3" in missing.stderr and missing.stdout == ""
+    assert tasks_of(conf, "shared") == {"0": []}

@@ -531,7 +531,7 @@ SPEC: dict[str, Var] = {
     # cpupools_agent
     "conf_dir": _var("agent verify", _path(), "/etc/cmk", "path"),
     "agent_path": _var("agent", _path(), AGENT_PATH, "path"),
-    "agent_shebang": _var("agent", _shebang, "/usr/bin/env python3"),
+    "agent_shebang": _var("agent", _shebang, "/bin/sh"),
     "reconcile_interval": _var("agent", _int(1, 86400), 60, "int"),
     "task_group": _var("agent", _task_group, ""),
     "metrics_dir": _var("agent verify", _path(allow_empty=True), ""),
