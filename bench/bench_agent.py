@@ -5,8 +5,9 @@
 
 1. start-up: ``cmk isolate --pool=shared -- /bin/true`` against
    ``python3 -I -c pass``, interleaved in one run, with the default launcher
-   (``#!/bin/sh``, which runs ``exec python3 -IS``) and with
-   ``#!/usr/bin/env python3`` (the default before issue 29):
+   (``#!/bin/sh``, which runs ``exec python3 -IS``), with
+   ``#!/usr/bin/env python3`` (the default before issue 29) and with
+   ``#!/usr/bin/python3 -IS`` (no ``PATH`` search, no process before Python):
    the medians of the time from start to the workload's ``exec`` (measured
    from outside: see ``bench_startup``; target: at most 1.2x the wall time
    of ``python3 -I -c pass``), of the whole isolate's wall time, and of its
@@ -271,7 +272,7 @@ def main() -> int:
             checkouts["before: "] = os.path.abspath(sys.argv[sys.argv.index("--before") + 1])
         for label, checkout in checkouts.items():
             build = [sys.executable, os.path.join(checkout, "scripts", "build_agent.py")]
-            for shebang in ("/bin/sh", "/usr/bin/env python3"):
+            for shebang in ("/bin/sh", "/usr/bin/env python3", "/usr/bin/python3 -IS"):
                 path = os.path.join(work, f"agent{len(launchers)}", "cmk")
                 subprocess.run([*build, f"--shebang={shebang}", path], check=True, stdout=subprocess.DEVNULL)
                 launchers[f"{label}cmk isolate (#!{shebang})"] = path

@@ -443,7 +443,7 @@ def built_agent():
         [
             sys.executable,
             str(REPO / "scripts" / "build_agent.py"),
-            "--shebang=/usr/bin/env python3",
+            "--shebang=/bin/sh",
             str(REPO / "build/agent/cmk"),
         ],
         check=True,
