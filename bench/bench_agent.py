@@ -273,6 +273,8 @@ def main() -> int:
         for label, checkout in checkouts.items():
             build = [sys.executable, os.path.join(checkout, "scripts", "build_agent.py")]
             for shebang in ("/bin/sh", "/usr/bin/env python3", "/usr/bin/python3 -IS"):
+                if label and shebang == "/bin/sh":  # an older launcher is Python only
+                    continue
                 path = os.path.join(work, f"agent{len(launchers)}", "cmk")
                 subprocess.run([*build, f"--shebang={shebang}", path], check=True, stdout=subprocess.DEVNULL)
                 launchers[f"{label}cmk isolate (#!{shebang})"] = path
