@@ -262,7 +262,8 @@ def spawn(command: str, argv: list[str], env: dict, signals: _Signals) -> int:
     left ignored stays ignored, see ``_Signals``) and the signal mask,
     and asks the kernel to SIGKILL it when isolate dies (``PR_SET_PDEATHSIG``;
     so a SIGKILLed isolate takes its workload with it, and the lists that
-    reconcile frees are really free). Signals are blocked from before the fork
+    reconcile frees are really free; not asked by an isolate that is its PID
+    namespace's init, whose death the kernel already makes its workload's). Signals are blocked from before the fork
     until the child is recorded, so none is lost or handled by the wrong
     process. ``exec`` errors come back through a close-on-exec pipe and raise
     ``_Exit`` with 127 or 126.
@@ -270,9 +271,11 @@ def spawn(command: str, argv: list[str], env: dict, signals: _Signals) -> int:
     sigmod = signals.mod
     parent = os.getpid()
     read_end, write_end = os.pipe2(os.O_CLOEXEC)
-    # Loaded here, before the fork: loading _ctypes in the forked child cost ~1 ms before exec (its pages
-    # copied on write, the library mapped in the child), in the parent ~0.4 ms.
-    prctl = _prctl()
+    # As its PID namespace's init (a container's entrypoint) isolate needs no death signal: when it dies,
+    # the kernel kills every other process of the namespace, its workload too. Elsewhere prctl is loaded
+    # here, before the fork: loading _ctypes in the forked child cost ~1 ms before exec (its pages copied
+    # on write, the library mapped in the child), in the parent ~0.4 ms.
+    prctl = _prctl() if os.getpid() != 1 else None
     old_mask = sigmod.pthread_sigmask(sigmod.SIG_BLOCK, sigmod.valid_signals())
     try:
         child = os.fork()
@@ -328,14 +331,21 @@ def _prctl():
 
 
 def _child_exec(
-    command: str, argv: list[str], env: dict, parent: int, report: int, signals: _Signals, prctl: Callable[..., int]
+    command: str,
+    argv: list[str],
+    env: dict,
+    parent: int,
+    report: int,
+    signals: _Signals,
+    prctl: Callable[..., int] | None,
 ) -> None:
     """In the forked child: reset signals, tie to the parent's life (``prctl``: see ``_prctl``), exec. Never returns."""
     sigmod = signals.mod
     try:
         for num in (*signals.numbers, sigmod.SIGPIPE, sigmod.SIGXFSZ):
             sigmod.signal(num, sigmod.SIG_DFL)
-        prctl(PR_SET_PDEATHSIG, sigmod.SIGKILL, 0, 0, 0)
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, sigmod.SIGKILL, 0, 0, 0)
         if os.getppid() != parent:  # isolate died before prctl took effect
             os._exit(128 + sigmod.SIGKILL)
         sigmod.pthread_sigmask(sigmod.SIG_SETMASK, ())
