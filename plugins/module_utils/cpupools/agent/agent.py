@@ -263,9 +263,9 @@ def spawn(command: str, argv: list[str], env: dict, signals: _Signals) -> int:
     and asks the kernel to SIGKILL it when isolate dies (``PR_SET_PDEATHSIG``;
     so a SIGKILLed isolate takes its workload with it, and the lists that
     reconcile frees are really free; not asked by an isolate that is its PID
-    namespace's init, whose death the kernel already makes its workload's). Signals are blocked from before the fork
-    until the child is recorded, so none is lost or handled by the wrong
-    process. ``exec`` errors come back through a close-on-exec pipe and raise
+    namespace's init, whose death the kernel already makes its workload's).
+    Signals are blocked from before the fork until the child is recorded, so
+    none is lost or handled by the wrong process. ``exec`` errors come back through a close-on-exec pipe and raise
     ``_Exit`` with 127 or 126.
     """
     sigmod = signals.mod
