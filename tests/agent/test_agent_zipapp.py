@@ -167,7 +167,7 @@ def test_the_zipapp_alone_runs_isolate_describe_and_reconcile(alone, tmp_path):
     dead = 2**22 + 11
     conf = write_plan_state(tmp_path / "conf", PLAN_1X, {"exclusive": {"0": {"1": [dead]}}})
     launcher = str(alone / "cmk")
-    # Through the launcher's own shebang (/usr/bin/env python3), as a node runs it.
+    # Through the launcher's own interpreter line (#!/bin/sh, which execs python3 -IS), as a node runs it.
     iso = run_alone(
         [launcher, "isolate", f"--conf-dir={conf}", "--pool=shared", "--", "/bin/sh", "-c", "echo $CMK_CPUS_ASSIGNED"],
         cwd,
