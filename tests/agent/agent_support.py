@@ -144,10 +144,23 @@ def hold(cmk: str, conf: Path, pool: str = "exclusive", seconds: int = 120) -> s
     return proc
 
 
+def children(pid: int) -> list[int]:
+    """PIDs of the children of ``pid`` (none once it is gone)."""
+    try:
+        return [int(k) for k in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except FileNotFoundError:
+        return []
+
+
 def workload(proc: subprocess.Popen) -> int | None:
     """PID of the isolate's child (its workload), once spawned."""
+    kids = children(proc.pid)
+    return kids[0] if kids else None
+
+
+def can_unshare(*flags: str) -> bool:
+    """Whether ``unshare FLAGS true`` works here (a PID namespace needs CAP_SYS_ADMIN)."""
     try:
-        kids = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        return subprocess.run(["unshare", *flags, "true"], capture_output=True, check=False).returncode == 0
     except FileNotFoundError:
-        return None
-    return int(kids[0]) if kids else None
+        return False

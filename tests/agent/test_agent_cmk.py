@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from agent_support import PLAN_1X, PLAN_2X, agent_env, hold, make_plan, tasks_of, tree_snapshot
+from agent_support import PLAN_1X, PLAN_2X, agent_env, can_unshare, children, hold, make_plan, tasks_of, tree_snapshot
 from cpupools.node import state as st
 
 #: A plan whose CPUs this 2-CPU machine does not have: used with --no-affinity for hand-out checks.
@@ -447,56 +447,47 @@ def test_every_catchable_signal_is_forwarded(cmk, state_dir, tmp_path, sig):
     test_signals_are_forwarded_and_the_list_given_back(cmk, state_dir, tmp_path, sig)
 
 
+def _isolate_running(cmk: str, conf: Path, tmp_path: Path, *prefix: str) -> tuple[subprocess.Popen, int, int]:
+    """Start ``[*prefix, cmk isolate ... sleep]`` in a session of its own.
+
+    Returns the process, isolate's PID and its workload's, once the workload runs.
+    """
+    started = tmp_path / "started"
+    workload = ["sh", "-c", f"touch {started}; exec sleep 60"]
+    argv = [cmk, "isolate", f"--conf-dir={conf}", "--pool=exclusive", "--", *workload]
+    proc = subprocess.Popen([*prefix, *argv], env=agent_env(), start_new_session=True)
+    deadline = time.monotonic() + 20
+    while not started.exists():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.02)
+    (isolate,) = children(proc.pid) if prefix else (proc.pid,)
+    (child,) = children(isolate)
+    return proc, isolate, child
+
+
+def _killed_isolate_takes_its_workload_and_gives_the_list(cmk: str, conf: Path, isolate: int, child: int) -> None:
+    """SIGKILL isolate: its workload goes too (not re-parented), and reconcile frees the list under isolate's PID."""
+    os.kill(isolate, signal.SIGKILL)
+    deadline = time.monotonic() + 20
+    while st.read_proc_stat("/proc", child) is not None:
+        assert time.monotonic() < deadline, "the workload outlived its isolate"
+        time.sleep(0.02)
+    res = run(cmk, "reconcile", f"--conf-dir={conf}")
+    assert json.loads(res.stdout)["reclaimedCpuLists"] == [{"cpus": "1", "pid": isolate, "pool": "exclusive"}]
+
+
 def test_sigkill_of_isolate_takes_the_workload_with_it(cmk, state_dir, tmp_path):
     conf = state_dir(PLAN_2X)
-    pidfile = tmp_path / "child"
-    proc = subprocess.Popen(
-        [
-            cmk,
-            "isolate",
-            f"--conf-dir={conf}",
-            "--pool=exclusive",
-            "--",
-            "sh",
-            "-c",
-            f"echo $$ > {pidfile}.t; mv {pidfile}.t {pidfile}; exec sleep 60",
-        ],
-        env=agent_env(),
-        start_new_session=True,
-    )
+    proc, isolate, child = _isolate_running(cmk, conf, tmp_path)
     try:
-        deadline = time.monotonic() + 20
-        while not pidfile.exists():
-            assert time.monotonic() < deadline and proc.poll() is None
-            time.sleep(0.02)
-        child = int(pidfile.read_text())
-        proc.kill()
+        _killed_isolate_takes_its_workload_and_gives_the_list(cmk, conf, isolate, child)  # PR_SET_PDEATHSIG
         proc.wait()
-        while st.read_proc_stat("/proc", child) is not None:  # gone (PR_SET_PDEATHSIG), not re-parented
-            assert time.monotonic() < deadline, "the workload outlived its isolate"
-            time.sleep(0.02)
-        res = run(cmk, "reconcile", f"--conf-dir={conf}")
-        assert json.loads(res.stdout)["reclaimedCpuLists"] == [{"cpus": "1", "pid": proc.pid, "pool": "exclusive"}]
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-def _can_unshare_pid() -> bool:
-    try:
-        return subprocess.run(["unshare", "--pid", "--fork", "true"], capture_output=True, check=False).returncode == 0
-    except FileNotFoundError:
-        return False
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(k) for k in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except FileNotFoundError:
-        return []
-
-
-@pytest.mark.skipif(not _can_unshare_pid(), reason="needs unshare and CAP_SYS_ADMIN (a PID namespace)")
+@pytest.mark.skipif(not can_unshare("--pid", "--fork"), reason="needs unshare and CAP_SYS_ADMIN (a PID namespace)")
 def test_isolate_as_its_namespaces_init_leaves_the_death_signal_to_the_kernel(cmk, state_dir, tmp_path):
     """As a container's entrypoint (PID 1 of its namespace) isolate loads no ``_ctypes`` for ``prctl``.
 
@@ -511,40 +502,13 @@ def test_isolate_as_its_namespaces_init_leaves_the_death_signal_to_the_kernel(cm
     finally:
         os.killpg(other.pid, signal.SIGTERM)
         other.wait()
-    started = tmp_path / "started"
-    proc = subprocess.Popen(
-        [
-            "unshare",
-            "--pid",
-            "--fork",  # /proc stays the host's, so isolate records its host PID
-            cmk,
-            "isolate",
-            f"--conf-dir={conf}",
-            "--pool=exclusive",
-            "--",
-            "sh",
-            "-c",
-            f"touch {started}; exec sleep 60",
-        ],
-        env=agent_env(),
-        start_new_session=True,
-    )
+    # /proc stays the host's, so isolate records its host PID.
+    proc, isolate, child = _isolate_running(cmk, conf, tmp_path, "unshare", "--pid", "--fork")
     try:
-        deadline = time.monotonic() + 20
-        while not started.exists():
-            assert time.monotonic() < deadline and proc.poll() is None
-            time.sleep(0.02)
-        (isolate,) = _children(proc.pid)
-        (workload,) = _children(isolate)
         assert st.parse_nspid(Path(f"/proc/{isolate}/status").read_text())[-1] == 1
         assert "/_ctypes." not in Path(f"/proc/{isolate}/maps").read_text()
-        os.kill(isolate, signal.SIGKILL)
+        _killed_isolate_takes_its_workload_and_gives_the_list(cmk, conf, isolate, child)  # the namespace's end
         assert proc.wait(timeout=20) != 0  # unshare's status for a killed child (util-linux: 1)
-        while st.read_proc_stat("/proc", workload) is not None:  # killed with the namespace
-            assert time.monotonic() < deadline, "the workload outlived its isolate"
-            time.sleep(0.02)
-        res = run(cmk, "reconcile", f"--conf-dir={conf}")
-        assert json.loads(res.stdout)["reclaimedCpuLists"] == [{"cpus": "1", "pid": isolate, "pool": "exclusive"}]
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from agent_support import can_unshare
 
 REPO = Path(__file__).resolve().parents[2]
 INIT = str(REPO / "scripts" / "pidns_init.py")
@@ -41,14 +42,9 @@ sys.exit(3)
 """
 
 
-def _can_unshare() -> bool:
-    try:
-        return subprocess.run([*UNSHARE, "true"], capture_output=True, check=False).returncode == 0
-    except FileNotFoundError:
-        return False
-
-
-pytestmark = pytest.mark.skipif(not _can_unshare(), reason="needs unshare and CAP_SYS_ADMIN (a PID namespace)")
+pytestmark = pytest.mark.skipif(
+    not can_unshare(*UNSHARE[1:]), reason="needs unshare and CAP_SYS_ADMIN (a PID namespace)"
+)
 
 
 def test_reaps_every_orphan_and_exits_with_the_commands_status():
