@@ -275,7 +275,7 @@ def spawn(command: str, argv: list[str], env: dict, signals: _Signals) -> int:
     # the kernel kills every other process of the namespace, its workload too. Elsewhere prctl is loaded
     # here, before the fork: loading _ctypes in the forked child cost ~1 ms before exec (its pages copied
     # on write, the library mapped in the child), in the parent ~0.4 ms.
-    prctl = _prctl() if os.getpid() != 1 else None
+    prctl = _prctl() if parent != 1 else None
     old_mask = sigmod.pthread_sigmask(sigmod.SIG_BLOCK, sigmod.valid_signals())
     try:
         child = os.fork()
