@@ -22,6 +22,11 @@ controller manager, scheduler or kubelet: a test that needs what they would
 do (a service account ``default``, a pod's status, a pod's final deletion)
 does it itself, as admin.
 
+The servers run in process groups of their own, watched by a reaper
+(``REAPER``) that ends them when the process that started them ends,
+however it ends: a killed pytest worker leaves no server behind
+(tests/test_k8s_real.py kills one).
+
 Tests share one server per pytest process and keep out of each other's way
 by names: every test gets its own node names and namespaces
 (``RealKube.unique``); the few cluster-wide objects with fixed names (the
@@ -40,6 +45,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -65,6 +71,38 @@ rules:
   - level: Metadata
 """
 NOT_READY = "node.kubernetes.io/not-ready"
+#: The reaper of a ``RealKube``'s servers: a process of its own session (a Ctrl-C of the run does not
+#: reach it) that reads the servers' process groups from a pipe whose write end only the process that
+#: started them holds. At the end of the pipe, when that process ends however it ends (SIGKILL
+#: included, where no ``finally`` and no fixture teardown runs), it ends the groups: SIGTERM, and
+#: SIGKILL for what is left after 10 s.
+REAPER = """
+import os, signal, sys, time
+for number in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+    signal.signal(number, signal.SIG_IGN)
+fd, data = int(sys.argv[1]), b""
+while chunk := os.read(fd, 4096):
+    data += chunk
+groups = [int(word) for word in data.split()]
+def alive():
+    out = []
+    for group in groups:
+        try:
+            os.killpg(group, 0)
+            out.append(group)
+        except ProcessLookupError:
+            pass
+    return out
+for number, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 0.0)):
+    for group in alive():
+        try:
+            os.killpg(group, number)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+"""
 
 
 def assets_dir() -> tuple[Path | None, str]:
@@ -222,6 +260,9 @@ class RealKube:
     audit_log: Path
     processes: list = field(default_factory=list)
     started_in: float = 0.0
+    #: The reaper (``REAPER``) and the write end of its pipe.
+    _reaper: subprocess.Popen | None = None
+    _reaper_pipe: int | None = None
     _counter: int = 0
     _ssl: ssl.SSLContext | None = None
 
@@ -249,6 +290,7 @@ class RealKube:
         logs.mkdir(exist_ok=True)
         kube = cls(work, f"https://127.0.0.1:{api_port}", pki, token, product_token, controller_token, audit_log)
         try:
+            kube._start_reaper()
             kube._spawn(
                 "etcd",
                 [
@@ -296,10 +338,25 @@ class RealKube:
         kube.started_in = time.monotonic() - began
         return kube
 
+    def _start_reaper(self) -> None:
+        """Start ``REAPER``; the write end of its pipe is not inherited by any program this process starts."""
+        read_end, self._reaper_pipe = os.pipe()
+        try:
+            self._reaper = subprocess.Popen(
+                [sys.executable, "-c", REAPER, str(read_end)],
+                pass_fds=(read_end,),
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        finally:
+            os.close(read_end)
+
     def _spawn(self, name: str, argv: list[str], logs: Path) -> None:
+        """Start a server in a process group of its own, and name that group to the reaper."""
         with open(logs / f"{name}.log", "wb") as out:
             proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         self.processes.append((name, proc))
+        os.write(self._reaper_pipe, f"{proc.pid}\n".encode())
 
     def _wait(self, ready, deadline: float, name: str, logs: Path) -> None:
         while True:
@@ -330,6 +387,12 @@ class RealKube:
                     proc.kill()
                     proc.wait()
         self.processes.clear()
+        if self._reaper_pipe is not None:
+            os.close(self._reaper_pipe)  # the reaper finds its groups gone and ends
+            self._reaper_pipe = None
+        if self._reaper is not None:
+            self._reaper.wait(timeout=30)
+            self._reaper = None
 
     # -- requests
     @property
