@@ -94,11 +94,12 @@ server:
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.cluster.cmk_retire import retire
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.cluster.k8s import check_node_name
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node.cmk15 import CMK_NAMESPACES
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools_kube import connect_api, run_module
 
 ARGUMENT_SPEC = {
     "nodes": {"type": "list", "elements": "str", "required": True},
-    "namespaces": {"type": "list", "elements": "str", "default": ["default", "intel-cmk", "cmk-namespace"]},
+    "namespaces": {"type": "list", "elements": "str", "default": list(CMK_NAMESPACES)},
     "checked": {"type": "dict", "default": {}},
 }
 

@@ -26,7 +26,7 @@ options:
     description: Namespaces CMK was installed into (its C(--namespace)); each is looked in.
     type: list
     elements: str
-    default: [default, intel-cmk]
+    default: [default, intel-cmk, cmk-namespace]
   wait:
     description: Seconds to wait for a v1.5 holder's lock (C(Owner)) to be released before reading as it is.
     type: float
@@ -77,12 +77,12 @@ server:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.cluster.k8s import check_node_name
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node.cmk15 import read_tasks
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node.cmk15 import CMK_NAMESPACES, read_tasks
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools_kube import connect_api, run_module
 
 ARGUMENT_SPEC = {
     "node": {"type": "str", "required": True},
-    "namespaces": {"type": "list", "elements": "str", "default": ["default", "intel-cmk"]},
+    "namespaces": {"type": "list", "elements": "str", "default": list(CMK_NAMESPACES)},
     "wait": {"type": "float", "default": 30.0},
 }
 

@@ -279,6 +279,10 @@ def test_migrate_a_cmk15_node_carries_its_configmap_tasks_and_keeps_it_while_the
     # For real: the v1.5 workloads keep their lists in the pool state; the ConfigMap stays while they run.
     res = playbook(MIGRATE, kube, inventory=inventory)
     assert res.rc == 0, res.stdout[-4000:]
+    # The agent stage read them from cmk-namespace (the inventory names no namespace) before it wrote the
+    # state cmk hands CPUs out from, not the retirement after it.
+    written = res.result("Write the pool state directory from the plan")["tasks"]
+    assert (written["exclusive"]["1"], written["infra"]["0,3"]) == ([exclusive.pid], [infra.pid])
     assert (conf / "pools/exclusive/0/1/tasks").read_text() == str(exclusive.pid)
     assert (conf / "pools/infra/0/0,3/tasks").read_text() == str(infra.pid)
     retired = res.result("Remove CMK's cluster pieces of the adopted nodes")
@@ -325,3 +329,18 @@ def test_migrate_a_cmk15_node_carries_its_configmap_tasks_and_keeps_it_while_the
         check=False,
     )
     assert (res.returncode, res.stdout) == (0, "1\n"), res.stderr
+
+
+def test_site_on_a_cmk15_node_hands_out_no_cpu_its_workloads_hold(playbook, cluster, cmk15_node, tmp_path):
+    """site.yml alone (no retirement in the run), the inventory naming no namespace: CMK's own manifests'
+    cmk-namespace is read before cmk is replaced."""
+    inventory, root, holders, _ = cmk15_node
+    conf = root / "etc" / "cmk"
+    kube = {"cpupools_k8s_kubeconfig": str(cluster.kubeconfig()), "cpupools_report_html": str(tmp_path / "r.html")}
+    res = playbook(REPO / "site.yml", kube, inventory=inventory)
+    assert res.rc == 0, res.stdout[-4000:]
+    assert (conf / "pools/exclusive/0/1/tasks").read_text() == str(holders[0].pid)
+    assert (conf / "pools/infra/0/0,3/tasks").read_text() == str(holders[1].pid)
+    isolate = [str(root / "opt/bin/cmk"), "isolate", f"--conf-dir={conf}", "--pool=exclusive", "--no-affinity", "true"]
+    res = subprocess.run(isolate, env=ENV, capture_output=True, text=True, check=False)
+    assert res.returncode == 75, res.stderr  # the one exclusive core is the v1.5 workload's

@@ -25,6 +25,11 @@ from urllib.parse import quote
 from ..core.errors import K8sError, show
 
 CONFIG_PREFIX = "cmk-config-"
+#: The namespaces CMK is found in unless the inventory says otherwise (``cpupools_cmk_retire_namespaces``,
+#: read by the agent stage and the retirement): its cluster-init's ``--namespace`` default, ``intel-cmk``
+#: (its manifests' service account up to v1.4) and ``cmk-namespace`` (v1.5's manifests: service account,
+#: webhook, pods and the v1.5 ConfigMaps).
+CMK_NAMESPACES = ("default", "intel-cmk", "cmk-namespace")
 #: The annotation CMK v1.5's isolate and reconcile lock the ConfigMap with (capital O).
 OWNER = "Owner"
 #: Pools CMK v1.5 knows (``intel/config.py``'s exclusivity map; another name is a KeyError there).

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from ..core.cpulist import ISOLCPUS_FLAGS, parse_cpulist
 from ..core.errors import CpulistError, CpupoolsError, PlanError, show
+from ..node.cmk15 import CMK_NAMESPACES
 from ..node.hugepages import parse_entries as to_hugepages
 from ..node.hugepages import parse_size, size_label
 from ..node.kubelet import RUNTIMES, TOPOLOGY_POLICIES, TOPOLOGY_SCOPES, to_kubelet_version, to_policy_options
@@ -564,8 +565,8 @@ SPEC: dict[str, Var] = {
     # runtimes other than cmk (module_utils/cpupools/planning/runtimes.py, docs/runtimes.md)
     "pooler_ht_policy": _var("k8s", _choice(HT_POLICIES), "multiThreaded", choices=HT_POLICIES),
     "runtime_namespace": _var("k8s", _str(False, _NAMESPACE_RE, "a Kubernetes namespace name"), "kube-system"),
-    # cpupools_cmk_retire
-    "cmk_retire_namespaces": _var("cmk_retire", _namespaces, ["default", "intel-cmk", "cmk-namespace"], "list"),
+    # where CMK is found: by the agent stage (CMK v1.5's task lists) and by cpupools_cmk_retire
+    "cmk_retire_namespaces": _var("agent cmk_retire", _namespaces, list(CMK_NAMESPACES), "list"),
     # cpupools_report
     "report_html": _var("report", _path(allow_empty=True), derived=True),
     "report_print": _var("report", to_bool, True, "bool"),
