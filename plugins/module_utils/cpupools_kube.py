@@ -124,11 +124,14 @@ def connect(kubeconfig: str | None, context: str | None, in_cluster: bool, reque
     return transport, server
 
 
-def connect_api(params: dict, where: str) -> Api:
-    """The ``cpupools.cluster.k8s_apply.Api`` a module's connection options name; ``where`` is what messages name."""
+def connect_api(params: dict, where: str, rbac_hint: str | None = None) -> Api:
+    """The ``cpupools.cluster.k8s_apply.Api`` a module's connection options name; ``where`` is what messages name.
+
+    ``rbac_hint``: what a refusal (403) says the credentials need, when not the k8s stage's.
+    """
     p = params
     transport, server = connect(p["kubeconfig"], p["context"], p["in_cluster"], p["request_timeout"])
-    return Api(transport, server, where)
+    return Api(transport, server, where) if rbac_hint is None else Api(transport, server, where, rbac_hint=rbac_hint)
 
 
 def run_module(argument_spec: dict, run: Callable[[AnsibleModule], dict], where: Callable[[dict], str | None]) -> None:

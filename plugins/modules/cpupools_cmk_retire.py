@@ -92,7 +92,7 @@ server:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.cluster.cmk_retire import retire
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.cluster.cmk_retire import RBAC_HINT, retire
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.cluster.k8s import check_node_name
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node.cmk15 import CMK_NAMESPACES
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools_kube import connect_api, run_module
@@ -111,7 +111,7 @@ def _where(params: dict) -> str:
 def run(module: AnsibleModule) -> dict:
     p = module.params
     nodes = sorted({check_node_name(n) for n in p["nodes"]})
-    api = connect_api(p, _where(p))
+    api = connect_api(p, _where(p), RBAC_HINT)
     import yaml  # the kubernetes library's dependency
 
     result = retire(api, nodes, list(p["namespaces"]), module.check_mode, checked=p["checked"], load=yaml.safe_load)

@@ -76,6 +76,7 @@ server:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.cluster.cmk_retire import RBAC_HINT
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.cluster.k8s import check_node_name
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node.cmk15 import CMK_NAMESPACES, read_tasks
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools_kube import connect_api, run_module
@@ -92,7 +93,7 @@ def run(module: AnsibleModule) -> dict:
 
     p = module.params
     node = check_node_name(p["node"])
-    api = connect_api(p, node)
+    api = connect_api(p, node, RBAC_HINT)
     result = read_tasks(api, node, list(p["namespaces"]), yaml.safe_load, p["wait"])
     for warning in result.pop("warnings"):
         module.warn(f"node {node}: {warning}")

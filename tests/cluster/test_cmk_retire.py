@@ -7,9 +7,13 @@ in ``cmk-namespace``, with the 7 ClusterRoles and 8 ClusterRoleBindings of its r
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
-from cmk_seed import ROLES, cleanup, seed_cmk, workload
+import yaml
+from cmk_seed import RBAC, ROLES, cleanup, seed_cmk, workload
+from helpers import REPO
+from k8s_real import CONTROLLER_USER, describe
 
 pytestmark = pytest.mark.slow
 
@@ -227,3 +231,76 @@ def test_the_first_host_without_a_kubeconfig_does_not_stop_the_others(playbook, 
     assert retire_result(res, unconnected).get("skipped")
     said = res.result("Say why CMK's cluster pieces are not retired", unconnected)["msg"]
     assert said.startswith(f"CMK's cluster pieces not retired for {unconnected}: no kubeconfig is configured"), said
+
+
+# The retirement's RBAC, as docs/cmk-comparison.md gives it -------------------------------------------------
+
+
+def documented_retire_role() -> dict:
+    """The ClusterRole of docs/cmk-comparison.md's "The retirement's credentials", as the operator would apply it."""
+    text = (REPO / "docs" / "cmk-comparison.md").read_text()
+    section = text[text.index("#### The retirement's credentials") :]
+    role = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.S).group(1))
+    assert role["kind"] == "ClusterRole" and role["rules"], role
+    return role
+
+
+def granted(role: dict) -> set[tuple[str, str, str, str]]:
+    """``(group, resource, verb, name)`` of every rule (name ``""``: any name)."""
+    return {
+        (group, resource, verb, name)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+        for name in rule.get("resourceNames") or [""]
+    }
+
+
+def test_the_documented_rbac_is_exactly_what_retiring_two_nodes_sends(playbook, cluster, cmk, tmp_path):
+    """Node by node, as docs/cmk-comparison.md says to migrate: the first keeps the cluster's pieces, the last
+    removes them. Every request is allowed, and every rule of the documented ClusterRole was needed."""
+    real = cluster.real
+    first, last = cluster.node, cluster.add_node()
+    seed_cmk(real, [first, last])
+    workload(real, "dpdk-0", real.unique("telco"), first)
+    name = real.unique("cpupools-cmk-retire")
+    role = documented_retire_role()
+    kubeconfig = cluster.kubeconfig("retire.conf", token=real.controller_token)
+    retire_first = {"cpupools_k8s_kubeconfig": str(kubeconfig), "cpupools_k8s_node_name": first}
+    # Without it, the refusal names it (not the k8s stage's ClusterRole of docs/kubernetes.md).
+    res = playbook(PLAY, retire_first)
+    assert res.rc != 0 and "is forbidden (403)" in res.messages(), res.stdout[-3000:]
+    assert res.messages().endswith(
+        'the credentials need the ClusterRole of docs/cmk-comparison.md, "The retirement\'s credentials" '
+        "(bound with a ClusterRoleBinding)"
+    ), res.messages()
+    real.ok("POST", f"{RBAC}/clusterroles", dict(role, metadata={"name": name}))
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": CONTROLLER_USER}],
+    }
+    real.ok("POST", f"{RBAC}/clusterrolebindings", binding)
+    mark = real.audit_mark()
+    try:
+        for node, removed in ((first, node_pieces(first)), (last, node_pieces(last) + cluster_pieces())):
+            res = playbook(PLAY, dict(retire_first, cpupools_k8s_node_name=node))
+            assert res.rc == 0, res.messages() or res.stdout[-3000:]
+            assert retire_result(res)["removed"] == removed
+    finally:
+        real.request("DELETE", f"{RBAC}/clusterrolebindings/{name}")
+        real.request("DELETE", f"{RBAC}/clusterroles/{name}")
+    events = [e for e in real.audit(mark, CONTROLLER_USER) if "objectRef" in e]
+    refused = [describe(e) for e in events if e["responseStatus"]["code"] in (401, 403)]
+    assert refused == [], refused
+    sent = {
+        (e["objectRef"].get("apiGroup", ""), e["objectRef"]["resource"], e["verb"], e["objectRef"].get("name", ""))
+        for e in events
+    }
+    unused = sorted(
+        rule for rule in granted(role) if not any(rule[:3] == s[:3] and rule[3] in ("", s[3]) for s in sent)
+    )
+    assert unused == [], f"the documented ClusterRole grants what the retirement never sends: {unused}"

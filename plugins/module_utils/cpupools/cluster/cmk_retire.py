@@ -52,6 +52,12 @@ REPORT_NAMESPACE = "default"  # CMK wrote its report objects there, whatever --n
 NODE_DAEMONSET_PREFIX = "cmk-reconcile-nodereport-ds-"
 CONFIG_PREFIX = "cmk-config-"
 DELETE_OPTIONS = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+#: What a refusal (403) of the retirement's requests, and of the agent stage's read of a CMK v1.5
+#: ConfigMap, says the credentials need: the k8s stage's list would not help.
+RBAC_HINT = (
+    'the credentials need the ClusterRole of docs/cmk-comparison.md, "The retirement\'s credentials" '
+    "(bound with a ClusterRoleBinding)"
+)
 
 #: CMK's ClusterRoles: those of its v1.5.2 resources/authorization/cmk-rbac-rules.yaml (7) and of its Helm chart.
 CLUSTER_ROLES = (

@@ -75,8 +75,10 @@ def _server_message(body: object) -> str:
     return ""
 
 
-def failure(code: int, body: object, method: str, path: str, node: str, server: str) -> ApiStatus:
-    """One clear sentence for an error status, naming the node and the server."""
+def failure(
+    code: int, body: object, method: str, path: str, node: str, server: str, rbac_hint: str = RBAC_HINT
+) -> ApiStatus:
+    """One clear sentence for an error status, naming the node and the server (a 403: and ``rbac_hint``)."""
     detail = _server_message(body)
     where = f"node {node!r} on API server {server}"
     if code == 401:
@@ -88,7 +90,7 @@ def failure(code: int, body: object, method: str, path: str, node: str, server: 
             "the one that kubelet registered"
         )
     elif code == 403:
-        text = f"{where}: {method} {path} is forbidden (403): {detail or 'no reason given'}; {RBAC_HINT}"
+        text = f"{where}: {method} {path} is forbidden (403): {detail or 'no reason given'}; {rbac_hint}"
     elif code == 404 and path.startswith("/api/v1/nodes/"):
         text = f"{where}: no such node (404); cpupools_k8s_node_name must be the name `kubectl get nodes` shows"
     else:
@@ -111,13 +113,20 @@ def _causes(body: object) -> str:
 
 
 class Api:
-    """A transport plus the context every message needs."""
+    """A transport plus the context every message needs.
 
-    def __init__(self, transport: Transport, server: str, node: str, attempts: int = 5) -> None:
+    ``rbac_hint`` says, in a refusal (403), which rights the credentials need and where they are
+    documented: the k8s stage's by default; the CMK retirement's modules name theirs.
+    """
+
+    def __init__(
+        self, transport: Transport, server: str, node: str, attempts: int = 5, rbac_hint: str = RBAC_HINT
+    ) -> None:
         self.transport = transport
         self.server = server
         self.node = node
         self.attempts = attempts
+        self.rbac_hint = rbac_hint
 
     def raw(self, method: str, path: str, body: object = None, content_type: str | None = None, query=None):
         return self.transport(method, path, body=body, content_type=content_type, query=query)
@@ -133,7 +142,7 @@ class Api:
     ) -> Any:
         code, data = self.raw(method, path, body, content_type, query)
         if code not in ok:
-            raise failure(code, data, method, path, self.node, self.server)
+            raise failure(code, data, method, path, self.node, self.server, self.rbac_hint)
         return data
 
     def conflict_error(self, what: str) -> ApiStatus:
