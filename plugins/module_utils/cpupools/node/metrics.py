@@ -191,15 +191,17 @@ def _figure(value: object) -> float | int | None:
 def render_verify(result: Mapping) -> str:
     """``cpupools_verify.prom`` from a ``cpupools_verify`` result (the ``cpupools_verify`` module's RETURN, version 1).
 
-    Series: ``cpupools_verify_ok``, ``cpupools_verify_timestamp_seconds``
+    Series: ``cpupools_verify_ok`` (no finding of severity ``fail``, of any check: what was found,
+    whatever ``fail_on`` makes of it), ``cpupools_verify_timestamp_seconds``
     (when the result was taken), ``cpupools_reboot_pending`` (the kernel the
     node runs predates the planned arguments), ``cpupools_verify_findings{check,severity}``
     (every check and severity, 0 when none), ``cpupools_cpu_quiet{cpu,role}``
     (1 quiet, 0 something runs on or interrupts it), and per measured CPU
     ``cpupools_cpu_latency_{max,p99,p999}_microseconds{cpu,role}``.
     """
-    ok = Family("cpupools_verify_ok", "gauge", "1 when the last verify found nothing that fails the node, else 0.")
-    ok.add(bool(result.get("ok")))
+    findings_found = [f for f in result.get("findings") or [] if isinstance(f, Mapping)]
+    ok = Family("cpupools_verify_ok", "gauge", "1 when the last verify found no check failing, else 0.")
+    ok.add(not any(f.get("severity") == "fail" for f in findings_found))
     stamp = Family(
         "cpupools_verify_timestamp_seconds", "gauge", "When the last verify looked at the node (seconds since epoch)."
     )
@@ -213,10 +215,9 @@ def render_verify(result: Mapping) -> str:
     )
     pending.add(bool(result.get("reboot_pending")))
     counts: dict[tuple[str, str], int] = {(c, s): 0 for c in VERIFY_CHECKS for s in SEVERITIES}
-    for finding in result.get("findings") or []:
-        if isinstance(finding, Mapping):
-            key = (str(finding.get("check") or "unknown"), str(finding.get("severity") or "info"))
-            counts[key] = counts.get(key, 0) + 1
+    for finding in findings_found:
+        key = (str(finding.get("check") or "unknown"), str(finding.get("severity") or "info"))
+        counts[key] = counts.get(key, 0) + 1
     findings = Family(
         "cpupools_verify_findings", "gauge", "Findings of the last verify, by check and severity (fail, warn, info)."
     )
