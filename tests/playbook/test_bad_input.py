@@ -80,6 +80,21 @@ CASES = [
         "60 exclusive cores + 1 shared core requested, 42 available after 1 infra core per NUMA node (auto)",
         json={"cpupools_num_exclusive_cores": 60},
     ),
+    # A count no host has is refused by the plan, which says what this host can give, from YAML and from -e alike.
+    Case(
+        "count-beyond-any-host",
+        "cpupools_num_exclusive_cores",
+        "100000000000000000000 exclusive cores + 1 shared core requested, 42 available after 1 infra core per "
+        "NUMA node (auto)",
+        yaml="cpupools_num_exclusive_cores: 100000000000000000000\n",
+    ),
+    Case(
+        "count-beyond-any-host-from-e",
+        "cpupools_num_exclusive_cores",
+        "100000000000000000000 exclusive cores + 1 shared core requested, 42 available after 1 infra core per "
+        "NUMA node (auto)",
+        cli=("cpupools_num_exclusive_cores=100000000000000000000",),
+    ),
     Case(
         "count-below-minus-one",
         "cpupools_num_shared_cores",

@@ -41,10 +41,13 @@ ISOLATABLE_POOLS = ("exclusive", "shared")
 CORE_TYPE_CHOICES = ("performance", "any")
 STATES = ("present", "absent")
 HT_POLICIES = ("multiThreaded", "singleThreaded")
-#: Counts of cores and seconds are bounded so that no typed number means
-#: "more than any machine has"; the plan then says what the host can fit.
+#: The default bound of an integer input (seconds, sizes). Counts of cores
+#: have none here: the plan refuses a count the host cannot give, saying what
+#: it can (``plan.py``).
 MAX_COUNT = 1_000_000
-_INT_RE = re.compile(r"^[+-]?[0-9]{1,12}$")
+#: The longest integer read, in digits: what Python (and so YAML and JSON) reads as one.
+MAX_DIGITS = 4300
+_INT_RE = re.compile(r"^[+-]?[0-9]+$")
 _TRUE = ("true", "yes", "on", "1")
 _FALSE = ("false", "no", "off", "0")
 # A file name (GRUB drop-in) and Kubernetes names (RFC 1123 subdomain, label
@@ -70,19 +73,27 @@ InputError = PlanError
 # Converters: raw value -> normalised value, or InputError(message, field) ------------
 
 
-def to_int(raw: object, field: str, minimum: int | None = None, maximum: int = MAX_COUNT, hint: str = "") -> int:
-    """An integer from an int or a decimal string (``-e``); floats, bools and ``'²'`` are refused."""
+def to_int(raw: object, field: str, minimum: int | None = None, maximum: int | None = MAX_COUNT, hint: str = "") -> int:
+    """An integer from an int or a decimal string (``-e``); floats, bools and ``'²'`` are refused.
+
+    The same digits mean the same number either way, however many (up to ``MAX_DIGITS``);
+    ``maximum`` None: no upper bound here (a count of cores: the plan bounds it by the host).
+    """
     value: int | None = None
     if isinstance(raw, int) and not isinstance(raw, bool):
         value = raw
     elif isinstance(raw, str) and _INT_RE.match(raw.strip()):
-        value = int(raw.strip())
+        digits = raw.strip().lstrip("+-")
+        if len(digits) <= MAX_DIGITS:
+            value = int(raw.strip())
+        else:
+            raise InputError(f"{show(raw)} is not an integer of at most {MAX_DIGITS} digits{hint}", field)
     if value is None:
         raise InputError(f"{show(raw)} is not an integer{hint}", field)
     if minimum is not None and value < minimum:
-        raise InputError(f"{value} is below {minimum}{hint}", field)
-    if value > maximum:
-        raise InputError(f"{value} is above {maximum}{hint}", field)
+        raise InputError(f"{show(value)} is below {minimum}{hint}", field)
+    if maximum is not None and value > maximum:
+        raise InputError(f"{show(value)} is above {maximum}{hint}", field)
     return value
 
 
@@ -204,12 +215,14 @@ def to_cpus(raw: object, field: str, limit: int | None = None) -> tuple[int, ...
 
 
 def to_count(raw: object, field: str) -> int:
-    """A number of cores, or -1 for all remaining."""
-    return to_int(raw, field, minimum=-1, hint="; give a number of cores, or -1 for all remaining")
+    """A number of cores, or -1 for all remaining; as many as typed (the plan says what the host can give)."""
+    return to_int(raw, field, minimum=-1, maximum=None, hint="; give a number of cores, or -1 for all remaining")
 
 
 def _is_int(raw: object) -> bool:
-    return (isinstance(raw, int) and not isinstance(raw, bool)) or (isinstance(raw, str) and bool(_INT_RE.match(raw)))
+    if isinstance(raw, str):
+        return len(raw.lstrip("+-")) <= MAX_DIGITS and bool(_INT_RE.match(raw))
+    return isinstance(raw, int) and not isinstance(raw, bool)
 
 
 def _infra_map(raw: Mapping, field: str) -> dict[int, int | str]:
@@ -224,7 +237,9 @@ def _infra_map(raw: Mapping, field: str) -> dict[int, int | str]:
         if isinstance(value, str) and value.strip().lower() == "auto":
             out[int(node)] = "auto"  # type: ignore[call-overload]
             continue
-        count = to_int(value.strip() if isinstance(value, str) else value, field, minimum=0, hint=" (infra cores)")
+        count = to_int(
+            value.strip() if isinstance(value, str) else value, field, minimum=0, maximum=None, hint=" (infra cores)"
+        )
         out[int(node)] = count  # type: ignore[call-overload]
     if not out:
         raise InputError("the mapping of NUMA node to infra cores is empty; give auto or a number instead", field)
@@ -242,7 +257,7 @@ def to_infra(raw: object, field: str, limit: int | None = None) -> int | tuple[i
     if isinstance(raw, str) and raw.strip().lower() == "auto":
         return "auto"
     if _is_int(raw.strip() if isinstance(raw, str) else raw):
-        count = to_int(raw, field)
+        count = to_int(raw, field, maximum=None)
         if count < 1:
             raise InputError(
                 f"{count} infra cores per NUMA node; at least 1 is needed for the host and Kubernetes "

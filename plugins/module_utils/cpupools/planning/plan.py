@@ -41,7 +41,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 from ..core.cpulist import format_cmk_cpulist, format_cpulist
-from ..core.errors import PlanError
+from ..core.errors import PlanError, show
 from ..core.names import ENI, EXCLUSIVE, EXCLUSIVE_POOLS, INFRA, POOL_ORDER, SHARED
 from ..hardware.locality import fewest_groups
 from ..hardware.topology import EFFICIENCY, Core, Topology
@@ -157,7 +157,8 @@ def make_request(raw: Mapping[str, object]) -> PlanRequest:
 
 
 def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+    """``1 core``, ``2 cores``; a count typed beyond any host is shown shortened (``show``)."""
+    return f"{show(n)} {word}" if n == 1 else f"{show(n)} {word}s"
 
 
 def _whole_cores(topo: Topology, cpus: Iterable[int], name: str) -> list[Core]:
@@ -391,7 +392,8 @@ def _housekeeping(topo: Topology, req: PlanRequest, half: set[int]) -> tuple[lis
         count = _auto_housekeeping(order) if want == "auto" else int(want)  # type: ignore[call-overload]
         if count > len(on_node):
             raise PlanError(
-                f"{count} infra cores requested on NUMA node {node}, which has only {_plural(len(on_node), 'core')}",
+                f"{show(count)} infra cores requested on NUMA node {node}, "
+                f"which has only {_plural(len(on_node), 'core')}",
                 "infra_cores",
             )
         chosen += order[:count]
@@ -757,7 +759,7 @@ def _kubelet_layout(
     if req.num_shared_cores:
         layout.notes.append(
             "the kubelet shares every CPU it has not handed out to a Guaranteed pod: "
-            f"cpupools_num_shared_cores ({req.num_shared_cores}) makes no pool of its own"
+            f"cpupools_num_shared_cores ({show(req.num_shared_cores)}) makes no pool of its own"
         )
     if topo.hybrid:
         layout.notes.append(
@@ -805,7 +807,9 @@ def _adopt(topo: Topology, req: PlanRequest) -> _Layout:
             if not free:
                 raise PlanError(f"-1 leaves no free core for the {pool} pool", f"num_{pool}_cores")
         if count is not None and len(free) < count:
-            raise PlanError(f"{count} cores requested for {pool}, only {len(free)} available", f"num_{pool}_cores")
+            raise PlanError(
+                f"{show(count)} cores requested for {pool}, only {len(free)} available", f"num_{pool}_cores"
+            )
         chosen = free if count is None else free[:count]
         for core in chosen:
             assigned[core.index] = pool
