@@ -134,6 +134,14 @@ k8s_skip_reason:
       such hosts out of the k8s play and sets C(cpupools_k8s_status) from RV(exports).
   returned: success
   type: str
+state_warnings:
+  description:
+    - What the check of the pool state warned about (printed by this module, with the host's name). The
+      agent stage gives them to M(cpupools.cpupools.cpupools_state) as its C(known_warnings), which does not
+      print them again.
+  returned: when the stages are compared
+  type: list
+  elements: str
 cmk_v15:
   description:
     - The ConfigMap (C(cmk-config-<node>)) the agent stage reads CMK v1.5's task lists from before it adopts
@@ -225,7 +233,9 @@ def main():
                 topology=topology,
             )
             stages = node["stages"]
-            result.update(stages=stages, files=node["files"], exports=node["exports"])
+            result.update(
+                stages=stages, files=node["files"], exports=node["exports"], state_warnings=node["state_warnings"]
+            )
             for warning in node["warnings"]:
                 module.warn(say(warning))
     except errors.CpupoolsError as exc:

@@ -88,6 +88,15 @@ options:
   host:
     description: Name of the host, used in error messages.
     type: str
+  known_warnings:
+    description:
+      - Warnings already shown for this host in this run - the plan play's M(cpupools.cpupools.cpupools_converged)
+        checks the same state and gives them as C(state_warnings), an earlier task of the stage gives its
+        RV(state_warnings). They are returned in RV(state_warnings) but not emitted again, so each is printed
+        once per run.
+    type: list
+    elements: str
+    default: []
 attributes:
   check_mode:
     support: full
@@ -143,6 +152,13 @@ tasks:
   returned: when state is present
   type: dict
   sample: {"exclusive": {"1,45": [4242], "2,46": []}, "shared": {"3,4,47,48": []}}
+state_warnings:
+  description:
+    - What this run found wrong in the state and worked around (a stray entry ignored, an interrupted write
+      finished), whether emitted now or already in O(known_warnings); emitted prefixed with the conf dir.
+  returned: always
+  type: list
+  elements: str
 cmk_v15:
   description:
     - With O(cmk_v15), the PIDs its task lists name that run (C(live)) and do not (C(dead)), those this run
@@ -174,6 +190,7 @@ ARGUMENT_SPEC = {
     "cmk_v15": {"type": "dict"},
     "agent_path": {"type": "path", "default": "/opt/bin/cmk"},
     "host": {"type": "str"},
+    "known_warnings": {"type": "list", "elements": "str", "default": []},
 }
 
 
@@ -220,8 +237,10 @@ def main():
         prefix = f"host {params['host']}: " if params["host"] else ""
         where = f" ({shown(str(exc.filename))})" if exc.filename else ""
         module.fail_json(msg=f"{prefix}cpupools_state: cannot write the pool state: {exc.strerror or exc}{where}")
-    for warning in result.pop("warnings"):
-        module.warn(f"{conf_dir}: {warning}")
+    result["state_warnings"] = result.pop("warnings")
+    for warning in result["state_warnings"]:
+        if warning not in params["known_warnings"]:
+            module.warn(f"{conf_dir}: {warning}")
     before, after = result.pop("before"), result.pop("after")
     if result["changed"]:
         result["diff"] = {"before": before, "after": after, "before_header": conf_dir, "after_header": conf_dir}

@@ -94,6 +94,25 @@ def test_run_then_rerun_changes_nothing(playbook, tmp_path):
     assert {"ansible_facts", "files", "inputs"} <= set(check.result("Plan the CPU pools"))
 
 
+def test_a_pool_state_warning_is_said_once_when_the_agent_stage_runs(playbook, tmp_path):
+    """The plan play checks the pool state and says what it found; the agent stage, which then writes it, does
+    not say it again."""
+    assert site(playbook, tmp_path).rc == 0
+    sandbox = tmp_path / "sandbox"
+    strays = [sandbox / "etc/cmk/pools/exclusive/0/not-a-cpulist", sandbox / "etc/cmk/pools/infra/0/0-1,44-45"]
+    for stray in strays:
+        stray.mkdir()
+    (sandbox / "opt/bin/cmk").unlink()  # so that the agent stage runs
+    res = site(playbook, tmp_path)
+    assert res.rc == 0, res.stdout[-3000:]
+    assert "cpupools_agent : Install the cmk launcher and its zipapp" in [
+        t["task"]["name"] for t in res.tasks() if t["hosts"]["localhost"].get("changed")
+    ]
+    warnings = [str(w) for t in res.tasks() for r in t["hosts"].values() for w in r.get("warnings") or []]
+    for stray in strays:
+        assert len([w for w in warnings if f"{stray} " in w]) == 1, warnings
+
+
 def test_bad_inventory_value_stops_before_any_change(playbook, tmp_path):
     res = site(playbook, tmp_path, cpupools_num_exclusive_cores=60)
     assert res.rc != 0

@@ -382,8 +382,10 @@ def check_node(
     Raises the stages' own refusals (``KernelArgsError``, ``StateError``,
     ``ResizeError``) exactly as they would, before any stage runs.
     Returns ``stages`` (name -> list of reasons, empty when converged),
-    ``files`` (the rendered files, for the stages to write) and ``exports``
-    (the facts a skipped stage would have set, for the report).
+    ``files`` (the rendered files, for the stages to write), ``exports``
+    (the facts a skipped stage would have set, for the report), ``warnings``
+    (for the caller to say) and ``state_warnings`` (those of the pool state,
+    which the agent stage is told were said).
     """
     root = values["root"]
     host_io = Host(
@@ -422,6 +424,8 @@ def check_node(
         "files": {name: item.to_result() for name, item in files.items()},
         "exports": exports(kernel, state),
         "warnings": [*kernel["warnings"], *state["warnings"]],
+        # what the agent stage's cpupools_state would warn about again: it is told they were said
+        "state_warnings": list(state["warnings"]),
     }
 
 

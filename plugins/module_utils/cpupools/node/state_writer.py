@@ -900,13 +900,14 @@ def _converge(
     if locked is not None:
         locked.__enter__()
     try:
-        swap_pending = not os.path.lexists(pools_dir) and st.live_tree(conf_dir, finish=False) != pools_dir
+        candidate = st.live_tree(conf_dir, finish=False)
+        swap_pending = not os.path.lexists(pools_dir) and candidate != pools_dir
         tree = st.live_tree(conf_dir, finish=not check_mode)
         has_state = os.path.lexists(tree)
         if swap_pending:
+            # The same words in check mode (the plan play's check) and when it is moved: said once a run.
             result["warnings"].append(
-                f"{pools_dir} was missing after an interrupted write; the complete new tree was "
-                + ("moved into place" if tree == pools_dir else f"found in {tree}")
+                f"{pools_dir} was missing after an interrupted write; the complete new tree {candidate} takes its place"
             )
         cur_layout: dict = {}
         cur_tasks: dict = {}

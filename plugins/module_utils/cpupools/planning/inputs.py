@@ -625,6 +625,7 @@ INTERNAL = frozenset(
         "agent_cmk15",
         "agent_cmk15_read",
         "agent_cmk15_configmap",
+        "agent_state_warned",
         "cmk_retire_v15",
         "agent_build",
         "agent_build_script",
