@@ -233,8 +233,9 @@ exports:
   description:
     - The facts the cpupools_kernel role sets from this result (C(cpupools_reboot_required),
       C(cpupools_pending_kernel_args), C(cpupools_kernel_cmdline), C(cpupools_housekeeping),
-      C(cpupools_kernel_status), whose C(warnings) are this run's warnings), computed by the function
-      the cpupools_converged module uses for a host whose kernel stage it skips.
+      C(cpupools_kernel_status), whose C(warnings) are this run's warnings but those about what the
+      regeneration of the boot configuration puts right), computed by the function the cpupools_converged
+      module uses for a host whose kernel stage it skips.
   type: dict
   returned: always
 files_present:
@@ -295,12 +296,14 @@ def main():
         result = bootloader.converge(host, params)
     except CpupoolsError as exc:
         module.fail_json(msg=exc.describe(params["host"] or socket.gethostname()), commands=host.commands)
-    warnings = result.pop("warnings")
+    warnings, repairs = result.pop("warnings"), result.pop("repairs")
     for warning in warnings:
         if warning not in params["known_warnings"]:
             module.warn(warning)
     result["files_present"] = sorted(f for f in params["report_files"] if os.path.lexists(host.path(f)))
-    result["exports"] = kernel_exports({**result, "warnings": warnings})
+    # The status the report shows is the node's after this stage: what its regeneration puts right is said
+    # (above, or by the plan play), not kept.
+    result["exports"] = kernel_exports({**result, "warnings": [w for w in warnings if w not in repairs]})
     module.exit_json(**result)
 
 

@@ -577,7 +577,10 @@ def converge(host: Host, params: Mapping) -> dict:
     ``always`` regenerates in any case; ``only`` regenerates and changes no
     file (the handler: the file was written by the task that notified it).
     After a regeneration the generated configuration is read back, and a
-    disagreement is an error naming the arguments.
+    disagreement is an error naming the arguments. ``repairs``: those of the
+    ``warnings`` about what the regeneration puts right (a configuration
+    generated before the arguments were written): true of the node before
+    this stage, not after it.
     """
     backend, result, ctx = compute(host, params)
     update = params["update"]
@@ -608,13 +611,15 @@ def converge(host: Host, params: Mapping) -> dict:
 
     # What will boot now, compared with the configuration as this run leaves it.
     cfg_path, stale = ("", [])
+    repairs = []  # warnings about what this run (or the caller's handler) puts right
     if update_argv:
         cfg_path, stale = boot_differences(host, backend, update_argv, release, result)
         if stale and not file_changed and update != "only":
-            warnings.append(
+            repairs.append(
                 f"the boot configuration disagrees with the kernel arguments ({kargs.describe_differences(stale)}); "
                 "regenerating it"
             )
+            warnings.append(repairs[-1])
     needs_update = bool(update_argv) and (file_changed or bool(stale))
     run_update = bool(update_argv) and (update in ("always", "only") or (update == "auto" and needs_update))
     update_needed = needs_update and update == "never"
@@ -679,6 +684,7 @@ def converge(host: Host, params: Mapping) -> dict:
         "commands": host.commands,
         "notes": notes,
         "warnings": warnings,
+        "repairs": repairs,
         "outputs": ctx["outputs"],
         "path": "/" + result["rel"] if result["rel"] else "",
         "kernel_release": release,
