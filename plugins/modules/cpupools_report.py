@@ -59,6 +59,9 @@ options:
         name the page's with C(.html) replaced by C(.json) (C(.json) appended to any
         other name). It holds per host the status, drift, warnings, a plan
         summary and the last verify result (docs/report.md).
+      - A host's verify result that says what the one the JSON shows says, but
+        for its time, is shown with that earlier time, the time it was first
+        found so; a verify that finds the same rewrites neither file.
     type: path
   template:
     description:
@@ -84,12 +87,15 @@ options:
     description:
       - A directory on the controller, the report store (docs/awx.md). Each
         host of O(hosts) is written there, one file per host, atomically,
-        with O(now) and O(run) (not in check mode); the report then covers
-        every host of O(inventory_hosts) from the store, and ends with a
-        report data section naming the hosts no run reported, when each
-        host's data was taken and by which run, and the files it left out.
+        with O(now) and O(run), when its data changed (not in check mode);
+        a file whose data is the same keeps its time and run and gets O(now)
+        as its modification time. The report then covers every host of
+        O(inventory_hosts) from the store, and ends with a report data section
+        naming the hosts no run reported, since when each host's data is so and
+        which run took it, and the files it left out.
       - A host of this run without a verify result keeps the one its
-        stored data has (the report shows the last verify of every host).
+        stored data has (the report shows the last verify of every host); a
+        verify result that says the same keeps its time.
       - Unset, the report shows O(hosts) only.
     type: path
   inventory_hosts:
@@ -116,7 +122,9 @@ attributes:
   check_mode:
     support: full
     description: Renders the report but writes no file.
-    details: Renders and says whether the HTML file would change; writes nothing.
+    details: >-
+      Renders and says whether the HTML file, the JSON beside it or a file of the store would change; writes
+      nothing.
   diff_mode:
     support: partial
     description: Shows which HTML file changes, by size and checksum.
@@ -181,8 +189,9 @@ store:
   description: >-
     With O(store): its C(path), the report data C(summary) line, and the
     hosts C(reported), C(missing) (no run reported them), C(stale) (too
-    old), C(outside) (in the store, not in O(inventory_hosts)), and the
-    files C(unreadable).
+    old), C(outside) (in the store, not in O(inventory_hosts)), the
+    files C(unreadable), and the files C(written) (in check mode: that
+    would be; a written file counts as a change).
   returned: when O(store) is set
   type: dict
 """

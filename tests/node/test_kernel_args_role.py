@@ -225,3 +225,45 @@ def test_a_boot_loader_update_that_failed_once_is_repaired_by_the_next_run(make_
     settled = playbook(ROLE_PLAYBOOK, variables)
     assert settled.rc == 0 and settled.changed() == 0, settled.stdout
     assert grub_cfg.read_text() == cfg
+
+
+def test_after_a_repair_run_a_converged_run_changes_nothing_not_even_the_report(make_root, playbook, tmp_path):
+    """site.yml: update-grub fails once, the next run repairs; the run after that is converged, and so are the
+    fleet report page, the JSON beside it and the report store (check mode says so first)."""
+    from helpers import ansible_env
+
+    root = make_backend_root(make_root, "grub")
+    report, store = tmp_path / "report" / "fleet.html", tmp_path / "store"
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(
+        "all:\n  children:\n    cpupools_nodes:\n      hosts:\n        localhost:\n"
+        "          ansible_connection: local\n"
+        "          ansible_python_interpreter: '{{ ansible_playbook_python }}'\n"
+        f"          cpupools_root: {root}\n"
+        "          cpupools_num_exclusive_cores: 2\n          cpupools_num_shared_cores: 1\n"
+        f"          cpupools_kernel_args_backend: grub\n          cpupools_kernel_release: {RELEASE}\n"
+        f"          cpupools_report_html: {report}\n          cpupools_report_store: {store}\n"
+    )
+    site = REPO / "site.yml"
+    failed = playbook(site, None, inventory=str(inventory), env=ansible_env(FAKE_UPDATE_GRUB_FAIL="1"))
+    assert failed.rc != 0 and "update-grub failed (exit 1)" in failed.messages()
+    repaired = playbook(site, None, inventory=str(inventory))
+    assert repaired.rc == 0, repaired.stdout[-3000:]
+    assert repaired.result("Regenerate the boot loader configuration")["changed"] is True
+
+    def outputs():
+        files = [report, report.with_suffix(".json"), *sorted(store.iterdir())]
+        return {
+            str(p): (p.read_bytes(), p.stat().st_ino, p.stat().st_mtime_ns if p.parent != store else 0) for p in files
+        }
+
+    before = outputs()
+
+    def changed(res):
+        return [t["task"]["name"] for t in res.tasks() if t["hosts"].get("localhost", {}).get("changed")]
+
+    check = playbook(site, None, "--check", inventory=str(inventory))
+    assert check.rc == 0 and changed(check) == [], changed(check)
+    again = playbook(site, None, inventory=str(inventory))
+    assert again.rc == 0 and changed(again) == [], changed(again)
+    assert outputs() == before  # not rewritten: the page and the JSON keep their mtime, the store files their inode

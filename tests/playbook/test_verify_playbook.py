@@ -100,3 +100,10 @@ def test_verify_reports_every_node_then_fails_the_bad_one(playbook, tmp_path):
     prom = (roots["node-bad"] / "var/lib/node_exporter/cpupools_verify.prom").read_text()
     assert "\ncpupools_verify_ok 0\n" in prom, prom
     assert '\ncpupools_verify_findings{check="workqueue",severity="fail"} 1\n' in prom, prom
+
+    # Verifying again finds the same: a read-only run, every node's recap changed=0, the page left as it is.
+    page = tmp_path / "report/verify.html"
+    stamps = (page.stat().st_mtime_ns, page.with_suffix(".json").stat().st_mtime_ns)
+    res = playbook(REPO / "playbooks/verify.yml", {"cpupools_verify_fail_on": []}, inventory=inventory)
+    assert res.rc == 0 and [res.changed(node) for node in NODES] == [0, 0], changed_tasks(res)
+    assert (page.stat().st_mtime_ns, page.with_suffix(".json").stat().st_mtime_ns) == stamps

@@ -67,7 +67,10 @@ def test_a_host_removed_from_the_inventory_is_left_out_and_named(tmp_path):
     run(store, ["a", "old"], ["a", "old"], run="last week")
     result = run(store, ["a"], ["a"], now=NOW + 7 * 86400)
     assert result["store"]["reported"] == ["a"] and result["store"]["outside"] == ["old"]
-    assert "left out, not in this inventory: old (taken 2027-01-15T08:00:00Z, 7d 0h ago, last week)" in result["text"]
+    assert (
+        "left out, not in this inventory: old (since 2027-01-15T08:00:00Z, reported 7d 0h ago, last week)"
+        in result["text"]
+    )
     assert list(result["hosts"]) == ["a"]
 
 

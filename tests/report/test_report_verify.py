@@ -74,7 +74,7 @@ def test_the_page_shows_what_verify_found_per_cpu(fleet):
         "CPU 5: max latency 180 us, over the threshold of 50 us",
         "180 (over threshold)",
         "5 CPUs measured by oslat 2.5 for 10 s; thresholds max 50 µs; worst max 180 µs on CPU 5 (exclusive)",
-        "Taken 2026-11-26T19:40:00Z, kernel 6.1.0-28-amd64",
+        "Since 2026-11-26T19:40:00Z, kernel 6.1.0-28-amd64",
         "cmk pid 1234",
         "never verified",  # node-2
         "1 failed verify (node-1)",
@@ -128,7 +128,7 @@ def test_each_verified_node_has_an_inline_latency_chart(fleet):
 
 def test_the_text_report_lists_the_findings_and_the_figures(fleet):
     text = render_text(fleet)
-    assert "  verify          fail (taken 2026-11-26T19:40:00Z, kernel 6.1.0-28-amd64): 3 of 6 isolated" in text
+    assert "  verify          fail (since 2026-11-26T19:40:00Z, kernel 6.1.0-28-amd64): 3 of 6 isolated" in text
     assert "  not quiet       CPU 4 (exclusive): pid 812 (sshd)\n" in text
     assert "                  CPU 5 (exclusive): latency fail\n" in text
     assert "                  CPU 6 (shared): IRQ 25 virtio0-input.0\n" in text
@@ -189,12 +189,16 @@ def test_the_store_keeps_each_hosts_last_verify(tmp_path, fleet):
     unverified = [dict(entry, verify=None) for entry in fleet]  # a later site.yml: no verify this time
     later = run_report(tmp_path, unverified, store=store, inventory_hosts=inventory, now=2_000, run="site run")
     assert later["hosts"]["node-1"]["verify"] == "fail"  # shown from the store
+    # The same data as the verify run left: no file rewritten, each keeps its time and run; the site run
+    # reported them (their modification time).
+    assert later["changed"] is False and later["store"]["written"] == []
     stored, _ = report_store.read(store)
-    assert stored["node-1"].entry["verify"] == noisy() and stored["node-1"].run == "site run"
+    assert stored["node-1"].entry["verify"] == noisy() and stored["node-1"].run == "verify run"
+    assert (stored["node-1"].taken, stored["node-1"].seen) == (1_000, 2_000)
     assert stored["node-2"].entry.get("verify") is None
     # playbooks/fleet_report.yml: no host of its own, the whole fleet from the store
     fleet_only = run_report(tmp_path, [], store=store, inventory_hosts=inventory, now=3_000)
     assert fleet_only["hosts"]["node-1"]["verify"] == "fail"
     data = json.loads((tmp_path / "out" / "cpupools-report.json").read_text())
     assert data["hosts"][0]["verify"]["findings"][0]["check"] == "latency"
-    assert data["store"]["taken"]["node-1"] == {"at": "1970-01-01T00:33:20Z", "run": "site run"}
+    assert data["store"]["taken"]["node-1"] == {"at": "1970-01-01T00:16:40Z", "run": "verify run"}

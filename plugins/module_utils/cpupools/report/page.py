@@ -122,7 +122,7 @@ def page_model(
     store = None
     if fleet is not None:
         store = {
-            "summary": report_store.summary(fleet),
+            "summary": report_store.summary(fleet, ages=False),
             "rows": report_store.rows(fleet),
             "missing": fleet.missing,
             "unreadable": [{"name": name, "why": why} for name, why in fleet.unreadable],

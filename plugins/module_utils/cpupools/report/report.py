@@ -1,7 +1,10 @@
 """The ``cpupools_report`` module's work, for the module and its action: analyse, render, write the page.
 
 ``report()`` takes the module's validated options (``ARGUMENT_SPEC``) and
-returns its result. The rest of the package does the work, each module
+returns its result. Its files (the page, the JSON beside it, the report
+store) are rewritten only when what they show changes: no time that every
+run changes is in them (a verify result keeps the time it was first found
+so, a store record the time its data was first taken so). The rest of the package does the work, each module
 importing only those before it: analysis.py (each host's inputs -> a
 ``HostView``), text.py (the text report), page.py (the HTML page's model and
 rendering, the JSON beside it), report_store.py (each host's last data across
@@ -11,6 +14,7 @@ runs), report_verify.py (the last verify result in the report).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import tempfile
 import time
@@ -19,7 +23,8 @@ from collections.abc import Callable, Mapping
 from ..core.errors import ReportError
 from . import report_store
 from .analysis import HostView, analyse, analyse_host, fleet_summary
-from .page import json_path, page_model, render_json, render_page
+from .page import JSON_FORMAT, json_path, page_model, render_json, render_page
+from .report_verify import keep_taken
 from .text import text_lines
 
 #: The options of the ``cpupools_report`` module; its action checks a task's arguments against the same spec.
@@ -60,27 +65,33 @@ def _write_atomic(path: str, content: bytes, move: Callable[[str, str], object])
             os.unlink(tmp)
 
 
-def _from_store(params: Mapping, check_mode: bool) -> tuple[list[HostView], report_store.Fleet]:
-    """The views of every inventory host with data in the store (this run's first) and what the store adds.
+def _from_store(params: Mapping, check_mode: bool) -> tuple[list[HostView], report_store.Fleet, list[str]]:
+    """The views of every inventory host with data in the store (this run's first), what the store adds, and
+    the store files this run writes (in check mode: would write).
 
-    This run's hosts are written first (not in check mode, where they are
-    laid over the store in memory), then the whole store is read: a host
-    another run wrote meanwhile is shown as that run left it. A host whose
-    stored data the report cannot read is left out and named, not fatal.
+    This run's hosts are written first, each only when its data changed
+    (``report_store.carry``; not in check mode, where they are laid over the
+    store in memory), then the whole store is read: a host another run wrote
+    meanwhile is shown as that run left it. A host whose stored data the
+    report cannot read is left out and named, not fatal.
     """
     now = params.get("now")
     now = time.time() if now is None else float(now)
     run = params.get("run") or ""
+    store = params["store"]
     fresh = []
     for entry in params["hosts"]:
         host = entry.get("host") if isinstance(entry, Mapping) else None
         if not isinstance(host, str) or not host:
             raise ReportError("every entry of hosts needs a host name", None)
-        fresh.append(report_store.Record(host, now, run, dict(entry)))
-    store = params["store"]
-    report_store.keep_verify(store, fresh)
-    if not check_mode:
-        report_store.write(store, fresh)
+        # A part the host lacks is left out, not stored as null: the same data whatever says "none"
+        data = {key: value for key, value in entry.items() if value is not None}
+        record = report_store.Record(host, now, run, data, now)
+        stored_record = report_store.read_one(store, host)
+        report_store.keep_verify(record, stored_record, keep_taken)
+        report_store.carry(record, stored_record)
+        fresh.append(record)
+    written = report_store.write(store, fresh, now=now, check_mode=check_mode)
     stored, unreadable = report_store.read(store)
     inventory = params.get("inventory_hosts")
     if inventory is None:
@@ -99,7 +110,26 @@ def _from_store(params: Mapping, check_mode: bool) -> tuple[list[HostView], repo
             continue
         kept.append(record)
     fleet.records = kept
-    return views, fleet
+    return views, fleet, written
+
+
+def _verify_shown(path: str) -> dict[str, object]:
+    """Host -> the verify result the JSON beside the page shows (none when it is missing or not ours)."""
+    try:
+        with open(path, "rb") as handle:
+            data = json.loads(handle.read().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+    if not isinstance(data, dict) or data.get("format") != JSON_FORMAT or not isinstance(data.get("hosts"), list):
+        return {}
+    return {h["host"]: h.get("verify") for h in data["hosts"] if isinstance(h, dict) and isinstance(h.get("host"), str)}
+
+
+def _keep_verify_time(entry: object, earlier: Mapping[str, object]) -> object:
+    """A host's report input with the time of the verify result the page shows, when the new one is the same."""
+    if not isinstance(entry, Mapping) or entry.get("verify") is None or entry.get("host") not in earlier:
+        return entry
+    return {**entry, "verify": keep_taken(entry["verify"], earlier[entry["host"]])}
 
 
 def _store_result(fleet: report_store.Fleet) -> dict:
@@ -127,8 +157,12 @@ def report(params: Mapping, check_mode: bool = False, move: Callable[[str, str],
         raise ReportError("html_path is set but template is not (the role passes its own)")
     failed = params.get("failed_hosts") or []
     fleet = None
+    written: list[str] = []
     if params.get("store"):
-        views, fleet = _from_store(params, check_mode)
+        views, fleet, written = _from_store(params, check_mode)
+    elif params.get("html_path"):
+        earlier = _verify_shown(json_path(params["html_path"]))
+        views = analyse([_keep_verify_time(entry, earlier) for entry in params["hosts"]])
     else:
         views = analyse(params["hosts"])
     lines = text_lines(views, failed, params.get("generated"))
@@ -153,6 +187,8 @@ def report(params: Mapping, check_mode: bool = False, move: Callable[[str, str],
     }
     if fleet is not None:
         result["store"] = _store_result(fleet)
+        result["store"]["written"] = written
+        result["changed"] = bool(written)
     path = params.get("html_path")
     if not path:
         return result

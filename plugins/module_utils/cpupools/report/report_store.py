@@ -3,10 +3,16 @@
 A fleet split into ``--limit`` shards or AWX/AAP job slices is many runs; each
 leaves, for each of its hosts, the report input of ``report.analyse_host``
 in one file of a directory the operator names (``cpupools_report_store``),
-with the time it was taken and the run it came from. A report then renders
-the whole inventory from the directory: the hosts no run reported, how old
-each host's data is, and the files it left out (unreadable, or of a host no
-longer in the inventory).
+with the time it was first taken so and the run that took it. A report then
+renders the whole inventory from the directory: the hosts no run reported,
+how long ago a run last reported each, and the files it left out
+(unreadable, or of a host no longer in the inventory).
+
+A file is rewritten only when the host's data changes (``carry`` keeps the
+time and run of data that did not): a run that finds the same sets only the
+file's modification time, to when it reported the host (``Record.seen``,
+what the staleness check reads). So a converged run rewrites no file of the
+store, and the page shows no time that every run changes.
 
 One file per host, ``<host>.json`` (the name percent-encoded when it is not
 a plain file name), written to a temporary file beside it and renamed over
@@ -70,9 +76,24 @@ class Record:
     """One host's report data as a run left it."""
 
     host: str
-    taken: float  # seconds since the epoch
-    run: str  # which run: "awx job 12", "ansible-playbook on ctl-1, --limit shard-2"
+    taken: float  # seconds since the epoch: when the data was first taken so
+    run: str  # the run that took it: "awx job 12", "ansible-playbook on ctl-1, --limit shard-2"
     entry: dict  # report.analyse_host input
+    seen: float = 0.0  # when a run last reported the host (its file's mtime); at least ``taken``
+
+    @property
+    def reported(self) -> float:
+        return max(self.seen, self.taken)
+
+
+def _canonical(entry: Mapping) -> str:
+    return json.dumps(entry, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def carry(record: Record, stored: Record | None) -> None:
+    """Give ``record`` the time and run of ``stored`` when its data is the same: nothing of the file changes."""
+    if stored is not None and _canonical(record.entry) == _canonical(stored.entry):
+        record.taken, record.run = stored.taken, stored.run
 
 
 def encode(record: Record) -> bytes:
@@ -88,8 +109,9 @@ def encode(record: Record) -> bytes:
     return (json.dumps(data, sort_keys=True, separators=(",", ":"), default=str) + "\n").encode("utf-8")
 
 
-def decode(content: bytes, host: str) -> Record:
-    """The record in ``content``, the store file of ``host``; ``ReportError`` saying what is wrong with it."""
+def decode(content: bytes, host: str, seen: float = 0.0) -> Record:
+    """The record in ``content``, the store file of ``host`` (last modified at ``seen``); ``ReportError``
+    saying what is wrong with it."""
     try:
         data = json.loads(content.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
@@ -107,22 +129,50 @@ def decode(content: bytes, host: str) -> Record:
     if not isinstance(entry, dict) or entry.get("host") != host:
         raise ReportError("its report data is missing or names another host")
     run = data.get("run")
-    return Record(host, float(taken), run if isinstance(run, str) else show(run), entry)
+    return Record(host, float(taken), run if isinstance(run, str) else show(run), entry, seen)
 
 
-def write(directory: str, records: Iterable[Record], move: Callable[[str, str], object] = os.replace) -> list[str]:
-    """Write each record to its file in ``directory`` (created), atomically; the paths written.
+def write(
+    directory: str,
+    records: Iterable[Record],
+    move: Callable[[str, str], object] = os.replace,
+    now: float | None = None,
+    check_mode: bool = False,
+) -> list[str]:
+    """Write each record to its file in ``directory`` (created), atomically, when it differs; the paths written.
 
-    Raises ``ReportError`` naming the store when it cannot be written.
+    A file that holds the record already is not rewritten: its modification
+    time is set to ``now`` (the run reported the host). Every file this run
+    reports gets ``now`` as its modification time. In check mode nothing is
+    touched, and the paths that would be written are returned. Raises
+    ``ReportError`` naming the store when it cannot be written.
     """
+    records = list(records)
+    changed = []
+    for record in records:
+        path = os.path.join(directory, file_name(record.host))
+        try:
+            with open(path, "rb") as handle:
+                same = handle.read(MAX_BYTES + 1) == encode(record)
+        except OSError:
+            same = False
+        if same:
+            if not check_mode and now is not None:
+                try:
+                    os.utime(path, (now, now))
+                except OSError as exc:
+                    raise ReportError(f"cannot write {path}: {exc.strerror}", "report_store") from None
+        else:
+            changed.append((record, path))
+    if check_mode or not changed:
+        return [path for _, path in changed]
     try:
         os.makedirs(directory, mode=0o755, exist_ok=True)
     except OSError as exc:
         raise ReportError(f"cannot create the report store {directory}: {exc.strerror}", "report_store") from None
     written = []
-    for record in records:
+    for record, path in changed:
         name = file_name(record.host)
-        path = os.path.join(directory, name)
         try:
             fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
         except OSError as exc:
@@ -134,6 +184,8 @@ def write(directory: str, records: Iterable[Record], move: Callable[[str, str], 
                 handle.flush()
                 os.fsync(handle.fileno())
             os.chmod(tmp, 0o644)
+            if now is not None:
+                os.utime(tmp, (now, now))
             move(tmp, path)
         except OSError as exc:
             raise ReportError(f"cannot write {path}: {exc.strerror}", "report_store") from None
@@ -168,6 +220,7 @@ def read(directory: str) -> tuple[dict[str, Record], list[tuple[str, str]]]:
         try:
             with open(path, "rb") as handle:
                 content = handle.read(MAX_BYTES + 1)
+                seen = os.fstat(handle.fileno()).st_mtime
         except OSError as exc:
             unreadable.append((name, f"cannot be read: {exc.strerror}"))
             continue
@@ -176,7 +229,7 @@ def read(directory: str) -> tuple[dict[str, Record], list[tuple[str, str]]]:
             continue
         host = host_of(name)
         try:
-            records[host] = decode(content, host)
+            records[host] = decode(content, host, seen)
         except ReportError as exc:
             unreadable.append((name, str(exc)))
     return records, unreadable
@@ -190,28 +243,31 @@ def read_one(directory: str, host: str) -> Record | None:
             return None
         with open(path, "rb") as handle:
             content = handle.read(MAX_BYTES + 1)
+            seen = os.fstat(handle.fileno()).st_mtime
     except OSError:
         return None
     if len(content) > MAX_BYTES:
         return None
     try:
-        return decode(content, host)
+        return decode(content, host, seen)
     except ReportError:
         return None
 
 
-def keep_verify(directory: str, records: Iterable[Record]) -> None:
-    """Give each record without a verify result the one its host's stored record has.
+def keep_verify(record: Record, stored: Record | None, same: Callable[[object, object], object]) -> None:
+    """Give ``record`` the verify result of ``stored`` when it has none, or that result's time when it is the same.
 
-    A run that does not verify (site.yml) leaves a host's last verify
-    result in the store, so the report still shows it, with its own time.
+    A run that does not verify (site.yml) leaves a host's last verify result
+    in the store, so the report still shows it, with its own time; a verify
+    that finds the same keeps the time it was first found (``same``:
+    ``report_verify.keep_taken``).
     """
-    for record in records:
-        if record.entry.get("verify") is not None:
-            continue
-        stored = read_one(directory, record.host)
-        if stored is not None and stored.entry.get("verify") is not None:
-            record.entry["verify"] = stored.entry["verify"]
+    if stored is None or stored.entry.get("verify") is None:
+        return
+    if record.entry.get("verify") is None:
+        record.entry["verify"] = stored.entry["verify"]
+    else:
+        record.entry["verify"] = same(record.entry["verify"], stored.entry["verify"])
 
 
 @dataclass
@@ -228,9 +284,10 @@ class Fleet:
     max_age: int = 0  # seconds; 0: no host's data is too old
 
     def stale(self) -> list[Record]:
+        """The records no run has reported for longer than ``max_age``."""
         if not self.max_age:
             return []
-        return [r for r in self.records if self.now - r.taken > self.max_age]
+        return [r for r in self.records if self.now - r.reported > self.max_age]
 
 
 def merge(
@@ -266,16 +323,19 @@ def _names(hosts: Sequence[str], limit: int = 10) -> str:
     return shown + (f" and {len(hosts) - limit} more" if len(hosts) > limit else "")
 
 
-def summary(fleet: Fleet) -> str:
-    """One line: how many inventory hosts reported, by how many runs, and the oldest data."""
+def summary(fleet: Fleet, ages: bool = True) -> str:
+    """One line: how many inventory hosts reported, by how many runs, and (``ages``) the host reported longest ago.
+
+    The page leaves the ages out (every run changes them); the text report has them.
+    """
     runs = {r.run for r in fleet.records}
     parts = [
         f"report data: {len(fleet.records)} of {len(fleet.inventory)} host(s) in the inventory "
         f"reported, by {len(runs)} run(s) (store {fleet.store})"
     ]
-    if fleet.records:
-        oldest = min(fleet.records, key=lambda r: r.taken)
-        parts.append(f"oldest {age_text(fleet.now - oldest.taken)} ({oldest.host})")
+    if fleet.records and ages:
+        oldest = min(fleet.records, key=lambda r: r.reported)
+        parts.append(f"oldest {age_text(fleet.now - oldest.reported)} ({oldest.host})")
     if fleet.missing:
         parts.append(f"{len(fleet.missing)} not reported by any run ({_names(fleet.missing)})")
     stale = fleet.stale()
@@ -289,13 +349,14 @@ def summary(fleet: Fleet) -> str:
 
 
 def rows(fleet: Fleet) -> list[dict[str, str]]:
-    """Per inventory host that reported: when, how long ago, which run, and whether it is too old."""
+    """Per inventory host that reported: since when its data is so and which run took it, how long ago a run
+    last reported it (``age``: the text report's only), and whether that is too long ago."""
     stale = {r.host for r in fleet.stale()}
     return [
         {
             "host": r.host,
             "taken": timestamp(r.taken),
-            "age": age_text(fleet.now - r.taken),
+            "age": age_text(fleet.now - r.reported),
             "run": r.run,
             "stale": "too old" if r.host in stale else "",
         }
@@ -306,8 +367,8 @@ def rows(fleet: Fleet) -> list[dict[str, str]]:
 def lines(fleet: Fleet) -> list[str]:
     """The report data section of the text report."""
     out = [summary(fleet)]
-    table = [["host", "taken", "age", "run", ""]]
-    table += [[r["host"], r["taken"], r["age"], r["run"], r["stale"]] for r in rows(fleet)]
+    table = [["host", "since", "reported", "run", ""]]
+    table += [[r["host"], r["taken"], f"{r['age']} ago", r["run"], r["stale"]] for r in rows(fleet)]
     if len(table) > 1:
         widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
         out += ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table]
@@ -318,6 +379,6 @@ def lines(fleet: Fleet) -> list[str]:
     for record in fleet.outside:
         out.append(
             f"  left out, not in this inventory: {record.host} "
-            f"(taken {timestamp(record.taken)}, {age_text(fleet.now - record.taken)} ago, {record.run})"
+            f"(since {timestamp(record.taken)}, reported {age_text(fleet.now - record.reported)} ago, {record.run})"
         )
     return out

@@ -8,6 +8,7 @@ deterministic, standard library only, like analysis.py.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -148,6 +149,36 @@ def _nice(top: float) -> int:
         step *= 10
 
 
+#: What a verify result says of when and for how long it looked, not of what it found: ``taken``, and
+#: the seconds between its two samples of /proc/interrupts.
+RUN_TIMES = (("taken",), ("interrupts", "seconds"))
+
+
+def _found(result: Mapping) -> str:
+    """The result as canonical JSON text (as the JSON beside the page writes it), without ``RUN_TIMES``."""
+    data = json.loads(json.dumps(result, default=str))
+    for path in RUN_TIMES:
+        parent = data
+        for key in path[:-1]:
+            parent = parent.get(key) if isinstance(parent, dict) else None
+        if isinstance(parent, dict):
+            parent.pop(path[-1], None)
+    return json.dumps(data, sort_keys=True)
+
+
+def keep_taken(result: object, earlier: object) -> object:
+    """``earlier`` when it found what ``result`` found (they differ at most in ``RUN_TIMES``), else ``result``.
+
+    What the report shows of a host's verify is the time it was first found so
+    (the page says "since"): a re-run that finds the same changes no file of
+    the report. When it was last verified is the node's
+    ``cpupools_verify_timestamp_seconds`` (docs/verify.md).
+    """
+    if not isinstance(result, Mapping) or not isinstance(earlier, Mapping):
+        return result
+    return earlier if _found(result) == _found(earlier) else result
+
+
 def analyse(result: object) -> VerifyView | None:
     """The report's view of a ``cpupools_verify`` result; None when the host was never verified."""
     if result is None:
@@ -286,7 +317,7 @@ def lines(view: VerifyView | None, label) -> list[str]:
     """The text report's verify lines of one host; ``label(title)`` pads the title column."""
     if view is None:
         return [label("verify") + "never verified"]
-    head = f"{view.verdict} (taken {view.taken}" + (f", kernel {view.release}" if view.release else "") + ")"
+    head = f"{view.verdict} (since {view.taken}" + (f", kernel {view.release}" if view.release else "") + ")"
     out = [label("verify") + head + (f": {view.summary}" if view.summary else "")]
     for f in view.findings:
         cpus = f" [CPU {f['cpus']}]" if f["cpus"] else ""
