@@ -147,8 +147,13 @@ class Pki:
     def ca(self) -> Path:
         return self.directory / "ca.crt"
 
-    def leaf(self, stem: str, common_name: str, org: str | None, server: bool) -> tuple[Path, Path]:
-        """A certificate signed by the CA and its key: ``stem.crt``, ``stem.key``."""
+    def leaf(
+        self, stem: str, common_name: str, org: str | None, server: bool, extra_ips: tuple[str, ...] = ()
+    ) -> tuple[Path, Path]:
+        """A certificate signed by the CA and its key: ``stem.crt``, ``stem.key``.
+
+        A serving certificate is for ``localhost``, ``127.0.0.1`` and ``extra_ips``.
+        """
         from cryptography import x509
         from cryptography.hazmat.primitives import hashes
         from cryptography.hazmat.primitives.asymmetric import ec
@@ -173,7 +178,8 @@ class Pki:
             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self.ca_key.public_key()), critical=False)
         )
         if server:
-            san = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            san = [x509.DNSName("localhost")]
+            san += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ("127.0.0.1", *extra_ips)]
             builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
         cert = builder.sign(self.ca_key, hashes.SHA256())
         return self.write(f"{stem}.crt", self._pem(cert)), self.write(f"{stem}.key", self._key_pem(key), True)
@@ -227,11 +233,16 @@ class RealKube:
 
     # -- lifecycle
     @classmethod
-    def start(cls, bin_dir: Path, work: Path, timeout: float = 60.0) -> RealKube:
+    def start(cls, bin_dir: Path, work: Path, timeout: float = 60.0, server_ips: tuple[str, ...] = ()) -> RealKube:
+        """Start etcd and kube-apiserver; ``server_ips``: more addresses the serving certificate is for.
+
+        The server listens on 127.0.0.1 only; a qemu guest reaches it there as
+        its user network's 10.0.2.2, which the certificate must then name.
+        """
         began = time.monotonic()
         work.mkdir(parents=True, exist_ok=True)
         pki = Pki(work / "pki")
-        serving_cert, serving_key = pki.leaf("apiserver", "kube-apiserver", None, server=True)
+        serving_cert, serving_key = pki.leaf("apiserver", "kube-apiserver", None, server=True, extra_ips=server_ips)
         sa_pub, sa_key = pki.service_account_keys()
         token, product_token, controller_token = (secrets.token_hex(16) for _ in range(3))
         tokens = work / "tokens.csv"

@@ -1,0 +1,257 @@
+"""The Debian 13 kubelet node of tests/guest/test_real_kubelet.py: its image recipe and how it joins a cluster.
+
+The image (``TRIXIE_KUBELET``) is the Debian 13 guest of guest_image.py plus
+Debian's containerd 1.7, runc and CNI plugins, the real kubelet v1.36 of
+``../shared/k8s/bin`` as ``/usr/bin/kubelet`` (where Debian's and the upstream
+packages put it; ``cpupools_kubelet_version: auto`` asks it), and two
+container images built offline (oci_image.py) and imported into containerd at
+the first boot: ``docker.io/local/pause:1`` (the pod sandbox: busybox's shell
+waiting for SIGTERM) and ``docker.io/local/tools:1`` (busybox and Python 3.13
+from Debian's packages: what a pod needs to print its CPUs or run ``cmk``).
+
+The kubelet is set up as kubeadm sets one up: a systemd unit running
+``kubelet --config /etc/kubernetes/kubelet.yaml --config-dir
+/etc/kubernetes/kubelet.conf.d --kubeconfig /etc/kubernetes/kubelet.conf``,
+the systemd cgroup driver (cgroup v2) in both the kubelet and containerd,
+``Restart=always``. It starts once the test has written its kubeconfig: the
+node's own client certificate (``system:node:cpupools-guest``) for the
+control plane the test runs on the machine's loopback, which the guest
+reaches as 10.0.2.2 through qemu's user network.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import guest_image as image
+import oci_image
+
+#: The node's name: the guest's hostname, as the kubelet registers it.
+NODE = "cpupools-guest"
+#: The machine's loopback as the guest sees it on qemu's user network.
+HOST_FROM_GUEST = "10.0.2.2"
+KUBELET_CONFIG = """\
+# The guest's main kubelet configuration, as kubeadm would write it; cpupools'
+# drop-in goes into /etc/kubernetes/kubelet.conf.d (--config-dir).
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+cgroupDriver: systemd
+containerRuntimeEndpoint: unix:///run/containerd/containerd.sock
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: false}
+  x509: {clientCAFile: /etc/kubernetes/pki/ca.crt}
+authorization: {mode: AlwaysAllow}
+# No DNS for pods (no cluster DNS here), no swap on the guest.
+resolvConf: ""
+failSwapOn: false
+# The images were imported, not pulled: never collect them, and never evict
+# for a small disk.
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard: {memory.available: 50Mi, nodefs.available: 1%, imagefs.available: 1%, nodefs.inodesFree: 1%}
+"""
+KUBELET_UNIT = """\
+[Unit]
+Description=kubelet: the Kubernetes node agent (cpupools guest)
+Wants=containerd.service
+After=containerd.service
+# Until the test has written the node's credentials there is nothing to join.
+ConditionPathExists=/etc/kubernetes/kubelet.conf
+
+[Service]
+ExecStart=/usr/bin/kubelet --config=/etc/kubernetes/kubelet.yaml --config-dir=/etc/kubernetes/kubelet.conf.d \
+--kubeconfig=/etc/kubernetes/kubelet.conf
+Restart=always
+RestartSec=5
+StartLimitIntervalSec=0
+
+[Install]
+WantedBy=multi-user.target
+"""
+CONTAINERD_CONFIG = """\
+version = 2
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "docker.io/local/pause:1"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "/etc/cni/net.d"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = true
+"""
+#: The pods of the scenario use the host's network; a CNI configuration only lets the node report its network ready.
+SUBNET = "10.88.0.0/16"
+CNI_CONFIG = json.dumps(
+    {
+        "cniVersion": "1.0.0",
+        "name": "cpupools-guest",
+        "plugins": [{"type": "bridge", "bridge": "cni0", "ipam": {"type": "host-local", "subnet": SUBNET}}],
+    },
+    indent=1,
+)
+IMAGES_DIR = "var/lib/cpupools-images"
+#: The first boot imports the images into the CRI's namespace of containerd.
+FIRSTBOOT = f"""\
+systemctl start containerd
+for i in $(seq 120); do ctr version >/dev/null 2>&1 && break; sleep 1; done
+for f in /{IMAGES_DIR}/*.tar; do ctr -n k8s.io images import "$f"; done
+rm -rf /{IMAGES_DIR}
+ctr -n k8s.io images ls -q
+"""
+#: The pod sandbox: a shell that ends at SIGTERM (a stand-in that ignored it would make every pod stop wait out
+#: its grace period).
+PAUSE = ["/bin/sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"]
+
+
+def assets_dir() -> Path | None:
+    """Where the kubelet is: ``CPUPOOLS_K8S_ASSETS`` or ``KUBEBUILDER_ASSETS`` (as tests/k8s_real.py finds them)."""
+    for name in ("CPUPOOLS_K8S_ASSETS", "KUBEBUILDER_ASSETS"):
+        value = os.environ.get(name)
+        if value and os.access(Path(value) / "kubelet", os.X_OK):
+            return Path(value)
+    beside = Path(__file__).resolve().parents[3] / "shared" / "k8s" / "bin"
+    return beside if os.access(beside / "kubelet", os.X_OK) else None
+
+
+def kubelet_binary() -> Path:
+    found = assets_dir()
+    if found is None:
+        raise RuntimeError("no kubelet: set KUBEBUILDER_ASSETS to a directory with kubelet (../shared/k8s/bin)")
+    return found / "kubelet"
+
+
+def _kubelet_digest() -> str:
+    sha = hashlib.sha256()
+    with kubelet_binary().open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            sha.update(chunk)
+    return sha.hexdigest()
+
+
+def _payload(rootfs: Path, work: Path, log) -> None:
+    """The kubelet binary, the directories the kubelet reads, and the two container images to import."""
+    target = rootfs / "usr" / "bin" / "kubelet"
+    shutil.copyfile(kubelet_binary(), target)
+    target.chmod(0o755)
+    for rel in ("etc/kubernetes/kubelet.conf.d", "etc/kubernetes/pki", IMAGES_DIR):
+        (rootfs / rel).mkdir(parents=True, exist_ok=True)
+    # Busybox and Python 3.13 from Debian's packages, unpacked (no maintainer scripts): the images' one layer.
+    tree = work / "image-root"
+    argv = [
+        "mmdebstrap",
+        "--quiet",
+        "--variant=extract",
+        "--mode=root" if os.geteuid() == 0 else "--mode=unshare",
+        "--aptopt=APT::Install-Recommends false",
+        "--include=busybox-static,python3",
+        TRIXIE_KUBELET.suite,
+        str(tree),
+        f"deb {image.MIRROR} {TRIXIE_KUBELET.suite} main",
+    ]
+    image._run(argv, log)
+    applets = subprocess.run(
+        [str(tree / "usr" / "bin" / "busybox"), "--list"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    links = {
+        f"usr/bin/{name}": "busybox"
+        for name in applets
+        if not (tree / "usr" / "bin" / name).exists() and not (tree / "usr" / "sbin" / name).exists()
+    }
+    layer = oci_image.layer(tree, work / "layer.tar", links)
+    shutil.rmtree(tree)
+    out = rootfs / IMAGES_DIR
+    oci_image.archive(out / "pause.tar", "docker.io/local/pause:1", layer, PAUSE, None)
+    oci_image.archive(out / "tools.tar", "docker.io/local/tools:1", layer, None, ["/bin/sh"])
+    layer.unlink()
+
+
+TRIXIE_KUBELET = image.Recipe(
+    name="trixie-kubelet",
+    suite="trixie",
+    packages=(*image.BASE_PACKAGES, "containerd", "runc", "containernetworking-plugins"),
+    files=(
+        ("etc/kubernetes/kubelet.yaml", 0o644, KUBELET_CONFIG),
+        ("etc/systemd/system/kubelet.service", 0o644, KUBELET_UNIT),
+        ("etc/containerd/config.toml", 0o644, CONTAINERD_CONFIG),
+        ("etc/cni/net.d/10-cpupools-guest.conflist", 0o644, CNI_CONFIG + "\n"),
+    ),
+    enable=(*image.BASE_ENABLE, "kubelet.service"),
+    # Room for containerd's content store and snapshots of the imported images beside the system.
+    disk_mb=4096,
+    firstboot=FIRSTBOOT,
+    payload=_payload,
+    inputs=_kubelet_digest,
+)
+
+
+# Joining the cluster ----------------------------------------------------------------
+
+
+def kubeconfig_text(server: str, ca: bytes, cert: bytes, key: bytes) -> str:
+    """A kubelet's kubeconfig (kubeadm's kubelet.conf form) with everything inline."""
+
+    def b64(data: bytes) -> str:
+        return base64.b64encode(data).decode()
+
+    return (
+        "apiVersion: v1\nkind: Config\n"
+        f"clusters:\n- cluster:\n    certificate-authority-data: {b64(ca)}\n    server: {server}\n  name: cluster\n"
+        f"contexts:\n- context:\n    cluster: cluster\n    user: system:node:{NODE}\n  name: node\n"
+        "current-context: node\n"
+        f"users:\n- name: system:node:{NODE}\n  user:\n"
+        f"    client-certificate-data: {b64(cert)}\n    client-key-data: {b64(key)}\n"
+    )
+
+
+def join(guest, kube, timeout: float = 600) -> float:
+    """Give the guest's kubelet its credentials for ``kube`` (tests/k8s_real.RealKube), start it, wait for Ready.
+
+    Returns the seconds until the Node was Ready.
+    """
+    start = time.monotonic()
+    creds = kube.node_credentials(NODE)
+    port = kube.url.rsplit(":", 1)[1]
+    text = kubeconfig_text(
+        f"https://{HOST_FROM_GUEST}:{port}", kube.pki.ca.read_bytes(), creds.cert.read_bytes(), creds.key.read_bytes()
+    )
+    ca = base64.b64encode(kube.pki.ca.read_bytes()).decode()
+    conf = base64.b64encode(text.encode()).decode()
+    guest.ssh(
+        "set -e; umask 077; "
+        f"echo {ca} | base64 -d >/etc/kubernetes/pki/ca.crt; "
+        f"echo {conf} | base64 -d >/etc/kubernetes/kubelet.conf; "
+        "systemctl start kubelet"
+    )
+    wait_ready(kube, timeout, since=None, guest=guest)
+    return time.monotonic() - start
+
+
+def node_ready(node: dict | None) -> bool:
+    conditions = ((node or {}).get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def wait_ready(kube, timeout: float, since: str | None = None, guest=None) -> dict:
+    """The Node once Ready (with ``since``: a Ready heartbeat at or after that RFC 3339 time)."""
+    deadline = time.monotonic() + timeout
+    node = None
+    while time.monotonic() < deadline:
+        node = kube.get(f"/api/v1/nodes/{NODE}")
+        if node_ready(node):
+            ready = next(c for c in node["status"]["conditions"] if c["type"] == "Ready")
+            if since is None or ready.get("lastHeartbeatTime", "") >= since:
+                return node
+        time.sleep(2)
+    journal = guest.ssh("journalctl -u kubelet -n 40 --no-pager -o cat || true") if guest else ""
+    raise AssertionError(f"node {NODE} not Ready in {timeout:.0f} s: {json.dumps(node)[:3000]}\n{journal}")
