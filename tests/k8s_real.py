@@ -465,8 +465,8 @@ class RealKube:
         """Register a Node as its kubelet would, and (``ready``) clear the not-ready taint as the node controller would.
 
         Without a kubelet the Node has only what this writes: ``kubernetes.io/hostname``,
-        ``labels``, ``taints`` and, with ``with_capacity``, a capacity (and allocatable) of
-        cpu, memory, pods and ``capacity``.
+        ``labels``, ``taints``, with ``with_capacity`` a capacity (and allocatable) of
+        cpu, memory, pods and ``capacity``, and with ``ready`` the kubelet's ``Ready`` condition.
         """
         body = {
             "apiVersion": "v1",
@@ -475,10 +475,15 @@ class RealKube:
             "spec": {"taints": list(taints or [])} if taints else {},
         }
         node = self.ok("POST", "/api/v1/nodes", body)
+        status: dict = {}
         if with_capacity:
             base = {"cpu": "8", "memory": "32Gi", "pods": "110", **(capacity or {})}
-            status = {"status": {"capacity": base, "allocatable": base}}
-            node = self.ok("PATCH", f"/api/v1/nodes/{name}/status", status, content_type="application/merge-patch+json")
+            status = {"capacity": base, "allocatable": base}
+        if ready:
+            status["conditions"] = [ready_condition()]
+        if status:
+            patch = {"status": status}
+            node = self.ok("PATCH", f"/api/v1/nodes/{name}/status", patch, content_type="application/merge-patch+json")
         if ready:
             kept = [t for t in (node.get("spec") or {}).get("taints") or [] if t.get("key") != NOT_READY]
             if kept != ((node.get("spec") or {}).get("taints") or []):
@@ -628,6 +633,19 @@ class RealKube:
     def audit_writes(self, since: int = 0, user: str | None = None) -> list[dict]:
         """The write requests (create, update, patch, delete) after ``since``, dry runs included."""
         return [e for e in self.audit(since, user) if e.get("verb") in WRITE_VERBS]
+
+
+def ready_condition() -> dict:
+    """The ``Ready`` condition a kubelet posts, with its heartbeat now."""
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "type": "Ready",
+        "status": "True",
+        "reason": "KubeletReady",
+        "message": "kubelet is posting ready status",
+        "lastHeartbeatTime": now,
+        "lastTransitionTime": now,
+    }
 
 
 def _etcd_healthy(port: int) -> bool:
