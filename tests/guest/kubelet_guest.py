@@ -237,21 +237,171 @@ def join(guest, kube, timeout: float = 600) -> float:
     return time.monotonic() - start
 
 
+def ready_heartbeat(node: dict | None) -> str:
+    """The ``lastHeartbeatTime`` of the Node's ``Ready`` condition ("" without one)."""
+    conditions = ((node or {}).get("status") or {}).get("conditions") or []
+    return next((c.get("lastHeartbeatTime", "") for c in conditions if c.get("type") == "Ready"), "")
+
+
 def node_ready(node: dict | None) -> bool:
     conditions = ((node or {}).get("status") or {}).get("conditions") or []
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
 def wait_ready(kube, timeout: float, since: str | None = None, guest=None) -> dict:
-    """The Node once Ready (with ``since``: a Ready heartbeat at or after that RFC 3339 time)."""
+    """The Node once Ready (with ``since``: a Ready heartbeat newer than that one, from a kubelet started since)."""
     deadline = time.monotonic() + timeout
     node = None
     while time.monotonic() < deadline:
         node = kube.get(f"/api/v1/nodes/{NODE}")
-        if node_ready(node):
-            ready = next(c for c in node["status"]["conditions"] if c["type"] == "Ready")
-            if since is None or ready.get("lastHeartbeatTime", "") >= since:
-                return node
+        if node_ready(node) and (since is None or ready_heartbeat(node) > since):
+            return node
         time.sleep(2)
     journal = guest.ssh("journalctl -u kubelet -n 40 --no-pager -o cat || true") if guest else ""
     raise AssertionError(f"node {NODE} not Ready in {timeout:.0f} s: {json.dumps(node)[:3000]}\n{journal}")
+
+
+# Pods ---------------------------------------------------------------------------------
+#
+# There is no scheduler and no controller manager: a pod names its node
+# (spec.nodeName), and a ReplicaSet object stands as its owner so that a drain
+# evicts it as it evicts a managed pod (nothing recreates it: the test does,
+# where a controller would).
+
+TOOLS = "local/tools:1"
+#: What every container of the scenario prints first: the CPUs it may run on, seen from inside.
+SHOW_CPUS = "grep Cpus_allowed_list /proc/self/status"
+
+
+def owner(kube, namespace: str, name: str) -> dict:
+    """A ReplicaSet to own the scenario's pods (``ownerReferences``), as a Deployment's would."""
+    body = {
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 0,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "app", "image": TOOLS}]},
+            },
+        },
+    }
+    found = kube.get(f"/apis/apps/v1/namespaces/{namespace}/replicasets/{name}")
+    rs = found or kube.ok("POST", f"/apis/apps/v1/namespaces/{namespace}/replicasets", body)
+    uid = rs["metadata"]["uid"]
+    return {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": name, "uid": uid, "controller": True}
+
+
+def pod(
+    name: str,
+    resources: dict,
+    owned_by: dict | None = None,
+    command: list[str] | None = None,
+    annotations: dict | None = None,
+) -> dict:
+    """A pod on the guest: the tools image, the host's network, no service account token, a quick stop."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "labels": {"app": (owned_by or {}).get("name", name)},
+            **({"ownerReferences": [owned_by]} if owned_by else {}),
+            **({"annotations": annotations} if annotations else {}),
+        },
+        "spec": {
+            "nodeName": NODE,
+            "hostNetwork": True,
+            "automountServiceAccountToken": False,
+            "terminationGracePeriodSeconds": 5,
+            "containers": [
+                {
+                    "name": "app",
+                    "image": TOOLS,
+                    "imagePullPolicy": "Never",
+                    "command": command or ["sh", "-c", f"{SHOW_CPUS}; exec sleep 1000000"],
+                    "resources": resources,
+                }
+            ],
+        },
+    }
+
+
+def guaranteed(cpus: int) -> dict:
+    return {"requests": {"cpu": str(cpus), "memory": "32Mi"}, "limits": {"cpu": str(cpus), "memory": "32Mi"}}
+
+
+def burstable() -> dict:
+    return {"requests": {"cpu": "100m", "memory": "16Mi"}}
+
+
+def create(kube, namespace: str, body: dict) -> dict:
+    return kube.ok("POST", f"/api/v1/namespaces/{namespace}/pods", body)
+
+
+def wait_running(kube, namespace: str, name: str, guest, timeout: float = 600) -> dict:
+    """The pod once its container runs; fails with the pod's status and the kubelet's log."""
+    deadline = time.monotonic() + timeout
+    found = None
+    while time.monotonic() < deadline:
+        found = kube.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+        statuses = ((found or {}).get("status") or {}).get("containerStatuses") or []
+        if statuses and all("running" in (s.get("state") or {}) for s in statuses):
+            return found
+        time.sleep(2)
+    journal = guest.ssh("journalctl -u kubelet -n 30 --no-pager -o cat | cut -c1-400 || true")
+    shown = json.dumps(found)[:3000]
+    raise AssertionError(f"pod {namespace}/{name} not running in {timeout:.0f} s: {shown}\n{journal}")
+
+
+def wait_gone(kube, namespace: str, name: str, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while kube.get(f"/api/v1/namespaces/{namespace}/pods/{name}") is not None:
+        assert time.monotonic() < deadline, f"pod {namespace}/{name} still there after {timeout:.0f} s"
+        time.sleep(2)
+
+
+def container_log(guest, namespace: str, name: str, uid: str, timeout: float = 120) -> str:
+    """What the pod's container printed (the kubelet's CRI log on the node, without its timestamps)."""
+    path = f"/var/log/pods/{namespace}_{name}_{uid}/app/0.log"
+    deadline = time.monotonic() + timeout
+    while True:
+        text = guest.ssh(f"cat {path} 2>/dev/null || true")
+        lines = [line.split(" ", 3)[3] for line in text.splitlines() if line.count(" ") >= 3]
+        if lines:
+            return "\n".join(lines) + "\n"
+        assert time.monotonic() < deadline, f"{path} stays empty"
+        time.sleep(2)
+
+
+def cpus_inside(guest, namespace: str, name: str, uid: str) -> str:
+    """``Cpus_allowed_list`` as the container's first process read it from ``/proc/self/status``."""
+    for line in container_log(guest, namespace, name, uid).splitlines():
+        if line.startswith("Cpus_allowed_list:"):
+            return line.split(":", 1)[1].strip()
+    raise AssertionError(f"{namespace}/{name} printed no Cpus_allowed_list")
+
+
+def cpu_manager_state(guest) -> dict:
+    return json.loads(guest.ssh("cat /var/lib/kubelet/cpu_manager_state"))
+
+
+#: Every process on the node: pid, comm, Cpus_allowed_list and cgroup (one line each, ``|``-separated).
+PROCESSES = r"""
+for d in /proc/[0-9]*; do
+    c=$(cat $d/cgroup 2>/dev/null) || continue
+    a=$(awk '/^Cpus_allowed_list/ {print $2}' $d/status 2>/dev/null)
+    printf '%s|%s|%s|%s\n' "${d#/proc/}" "$(cat $d/comm 2>/dev/null)" "$a" "${c#0::}"
+done
+"""
+
+
+def processes(guest) -> list[dict]:
+    out = []
+    for line in guest.ssh(PROCESSES).splitlines():
+        pid, comm, allowed, cgroup = [*line.split("|", 3), "", "", ""][:4]
+        if pid.isdigit():
+            out.append({"pid": int(pid), "comm": comm, "allowed": allowed, "cgroup": cgroup})
+    return out
