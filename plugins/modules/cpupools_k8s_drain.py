@@ -47,7 +47,7 @@ options:
   ready_since:
     description:
       - With O(ready_timeout), the V(Ready) heartbeat must be newer than this one (RV(ready_heartbeat) of the
-        drain): what the node's kubelet posted after its restart, not before.
+        drain), so that only what the node's kubelet posted after its restart counts.
     type: str
     default: ""
 attributes:
@@ -114,7 +114,7 @@ blocked_retries:
 ready_heartbeat:
   description:
     - The V(lastHeartbeatTime) of the node's V(Ready) condition once the node is drained (empty in check mode or
-      when the kubelet has posted none): give it as O(ready_since) to the uncordon after the node's reboot.
+      when the kubelet has posted none); give it as O(ready_since) to the uncordon after the node's reboot.
   returned: when state is drained
   type: str
 ready:

@@ -229,14 +229,9 @@ def run(module: AnsibleModule) -> dict:
         return kubelet.apply_stopped(node, p["content"])
     if p["action"] == "verify":
         online = set(topology.online) if topology is not None else set()
-        failed = None
-        if p["root"] == "/" and p["service"]:
-            # A kubelet that refuses its configuration exits and is restarted by systemd: say so with its
-            # own words rather than wait out the timeout (a sandbox root's kubelet is no systemd unit).
-            env = {"LC_ALL": "C", "SYSTEMD_PAGER": ""}
-            failed = lambda: kubelet.unit_failure(  # noqa: E731
-                lambda argv: module.run_command(argv, environ_update=env), p["service"]
-            )
+        # A kubelet that refuses its configuration exits and is restarted by systemd: say so with its
+        # own words rather than wait out the timeout (a sandbox root's kubelet is no systemd unit).
+        failed = _unit_failure(module, p["service"]) if p["root"] == "/" and p["service"] else None
         return kubelet.verify_started(node, p["config"], online, p["timeout"], failed=failed)
     settings = {
         **p,
@@ -254,6 +249,12 @@ def run(module: AnsibleModule) -> dict:
             "runtime",
         )
     return result
+
+
+def _unit_failure(module, service):
+    """A probe for ``kubelet.verify_started``: why the kubelet's unit keeps exiting, or None."""
+    env = {"LC_ALL": "C", "SYSTEMD_PAGER": ""}
+    return lambda: kubelet.unit_failure(lambda argv: module.run_command(argv, environ_update=env), service)
 
 
 def main() -> None:

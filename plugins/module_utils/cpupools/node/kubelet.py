@@ -602,7 +602,7 @@ def unit_failure(run: Callable[[list[str]], tuple[int, str, str]], service: str)
     (``NRestarts``); a kubelet that refuses its configuration exits at every
     one of them.
     """
-    rc, out, _ = run(["systemctl", "show", service, "--property=NRestarts", "--property=ActiveState"])
+    rc, out, _err = run(["systemctl", "show", service, "--property=NRestarts", "--property=ActiveState"])
     if rc != 0:
         return None
     props = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
@@ -612,7 +612,7 @@ def unit_failure(run: Callable[[list[str]], tuple[int, str, str]], service: str)
         return None
     if exits < KUBELET_EXITS and props.get("ActiveState") != "failed":
         return None
-    _, journal, _ = run(["journalctl", "--unit", service, "--boot", "--lines=400", "--output=cat", "--no-pager"])
+    _rc, journal, _err = run(["journalctl", "--unit", service, "--boot", "--lines=400", "--output=cat", "--no-pager"])
     return (
         f"the kubelet ({service}) exited {exits} time(s) since its start and systemd keeps restarting it; "
         f"the kubelet says: {kubelet_error(journal)}"
