@@ -126,12 +126,16 @@ molecule_job() {
 }
 beside molecule molecule_job "$@"
 
-# The real-kernel scenario (tests/guest/): a Debian guest under qemu (TCG) as the
-# node, site.yml, the reboot into its new kernel command line, verify, site.yml
-# again. Mostly the emulated guest's time; the image is built once per machine
-# (cached under ~/.cache/cpupools/guest). Without qemu it is skipped, saying
-# so, unless CPUPOOLS_REQUIRE_GUEST=1 (.ci/run) makes that a failure.
-beside guest "$bin/python" -m pytest -p no:xdist -m guest -rs --durations=0 "$@"
+# The real-kernel scenarios (tests/guest/), each a Debian guest under qemu (TCG)
+# as the node: Debian 12 with cmk (site.yml, the reboot into its new kernel
+# command line, verify, site.yml again), and Debian 13 with the real kubelet
+# joined to a real control plane (the kubelet runtime end to end, then cmk on
+# the same cluster). Mostly the emulated guests' time, so two jobs: each
+# image is built once per machine (cached under ~/.cache/cpupools/guest).
+# Without qemu they are skipped, saying so, unless CPUPOOLS_REQUIRE_GUEST=1
+# (.ci/run) makes that a failure.
+beside guest "$bin/python" -m pytest -p no:xdist -m "guest and not kubelet_guest" -rs --durations=0 "$@"
+beside kubelet_guest "$bin/python" -m pytest -p no:xdist -m kubelet_guest -rs --durations=0 "$@"
 
 # The other end of meta/runtime.yml's requires_ansible: the installed
 # collection, read-only, on the oldest ansible-core it admits, in a venv the
@@ -147,6 +151,7 @@ finish lint "lint: ansible-lint, module docs: ansible-doc" "0"
 finish pidreuse "CMK v1.4 interleaving, in a PID namespace of its own" "0 5"
 finish oldest_core "the installed collection on the oldest supported ansible-core" "0 5"
 finish molecule "molecule platform and scenarios" "0 5"
-finish guest "the real-kernel scenario in a qemu guest" "0 5"
+finish guest "the real-kernel scenario in a qemu guest (Debian 12, cmk)" "0 5"
+finish kubelet_guest "the real-kubelet scenario in a qemu guest (Debian 13, kubelet and cmk)" "0 5"
 [ "$rc" = 0 ] || exit "$rc"
 exit "$failed"

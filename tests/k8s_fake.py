@@ -888,7 +888,12 @@ class FakeKube:
         if node is None:
             raise ApiError(404, f'nodes "{name}" not found', details={"name": name, "kind": "nodes"})
         if method == "GET":
-            return 200, copy.deepcopy(node)
+            shown = copy.deepcopy(node)
+            for condition in shown.get("status", {}).get("conditions") or []:
+                if condition.get("type") == "Ready" and condition.get("status") == "True":
+                    # A live kubelet's heartbeat: what a rollout waits for after a restart.
+                    condition["lastHeartbeatTime"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            return 200, shown
         if method != "PATCH":
             raise ApiError(405, f"method {method} not allowed on nodes in this fake")
         patched = self._patch(node, ctype, body, "nodes", name)

@@ -185,8 +185,13 @@ class Pki:
     def ca(self) -> Path:
         return self.directory / "ca.crt"
 
-    def leaf(self, stem: str, common_name: str, org: str | None, server: bool) -> tuple[Path, Path]:
-        """A certificate signed by the CA and its key: ``stem.crt``, ``stem.key``."""
+    def leaf(
+        self, stem: str, common_name: str, org: str | None, server: bool, extra_ips: tuple[str, ...] = ()
+    ) -> tuple[Path, Path]:
+        """A certificate signed by the CA and its key: ``stem.crt``, ``stem.key``.
+
+        A serving certificate is for ``localhost``, ``127.0.0.1`` and ``extra_ips``.
+        """
         from cryptography import x509
         from cryptography.hazmat.primitives import hashes
         from cryptography.hazmat.primitives.asymmetric import ec
@@ -211,7 +216,8 @@ class Pki:
             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self.ca_key.public_key()), critical=False)
         )
         if server:
-            san = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            san = [x509.DNSName("localhost")]
+            san += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ("127.0.0.1", *extra_ips)]
             builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
         cert = builder.sign(self.ca_key, hashes.SHA256())
         return self.write(f"{stem}.crt", self._pem(cert)), self.write(f"{stem}.key", self._key_pem(key), True)
@@ -268,11 +274,16 @@ class RealKube:
 
     # -- lifecycle
     @classmethod
-    def start(cls, bin_dir: Path, work: Path, timeout: float = 60.0) -> RealKube:
+    def start(cls, bin_dir: Path, work: Path, timeout: float = 60.0, server_ips: tuple[str, ...] = ()) -> RealKube:
+        """Start etcd and kube-apiserver; ``server_ips``: more addresses the serving certificate is for.
+
+        The server listens on 127.0.0.1 only; a qemu guest reaches it there as
+        its user network's 10.0.2.2, which the certificate must then name.
+        """
         began = time.monotonic()
         work.mkdir(parents=True, exist_ok=True)
         pki = Pki(work / "pki")
-        serving_cert, serving_key = pki.leaf("apiserver", "kube-apiserver", None, server=True)
+        serving_cert, serving_key = pki.leaf("apiserver", "kube-apiserver", None, server=True, extra_ips=server_ips)
         sa_pub, sa_key = pki.service_account_keys()
         token, product_token, controller_token = (secrets.token_hex(16) for _ in range(3))
         tokens = work / "tokens.csv"
@@ -517,8 +528,8 @@ class RealKube:
         """Register a Node as its kubelet would, and (``ready``) clear the not-ready taint as the node controller would.
 
         Without a kubelet the Node has only what this writes: ``kubernetes.io/hostname``,
-        ``labels``, ``taints`` and, with ``with_capacity``, a capacity (and allocatable) of
-        cpu, memory, pods and ``capacity``.
+        ``labels``, ``taints``, with ``with_capacity`` a capacity (and allocatable) of
+        cpu, memory, pods and ``capacity``, and with ``ready`` the kubelet's ``Ready`` condition.
         """
         body = {
             "apiVersion": "v1",
@@ -527,10 +538,15 @@ class RealKube:
             "spec": {"taints": list(taints or [])} if taints else {},
         }
         node = self.ok("POST", "/api/v1/nodes", body)
+        status: dict = {}
         if with_capacity:
             base = {"cpu": "8", "memory": "32Gi", "pods": "110", **(capacity or {})}
-            status = {"status": {"capacity": base, "allocatable": base}}
-            node = self.ok("PATCH", f"/api/v1/nodes/{name}/status", status, content_type="application/merge-patch+json")
+            status = {"capacity": base, "allocatable": base}
+        if ready:
+            status["conditions"] = [ready_condition()]
+        if status:
+            patch = {"status": status}
+            node = self.ok("PATCH", f"/api/v1/nodes/{name}/status", patch, content_type="application/merge-patch+json")
         if ready:
             kept = [t for t in (node.get("spec") or {}).get("taints") or [] if t.get("key") != NOT_READY]
             if kept != ((node.get("spec") or {}).get("taints") or []):
@@ -680,6 +696,19 @@ class RealKube:
     def audit_writes(self, since: int = 0, user: str | None = None) -> list[dict]:
         """The write requests (create, update, patch, delete) after ``since``, dry runs included."""
         return [e for e in self.audit(since, user) if e.get("verb") in WRITE_VERBS]
+
+
+def ready_condition() -> dict:
+    """The ``Ready`` condition a kubelet posts, with its heartbeat now."""
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "type": "Ready",
+        "status": "True",
+        "reason": "KubeletReady",
+        "message": "kubelet is posting ready status",
+        "lastHeartbeatTime": now,
+        "lastTransitionTime": now,
+    }
 
 
 def _etcd_healthy(port: int) -> bool:

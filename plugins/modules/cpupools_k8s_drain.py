@@ -38,6 +38,18 @@ options:
     description: Evict pods that no controller recreates (they are deleted for good); refused when false.
     type: bool
     default: false
+  ready_timeout:
+    description:
+      - With O(state=uncordoned), seconds to wait for the node's V(Ready) condition before uncordoning it
+        (0 does not wait). A node that is not Ready by then stays cordoned and the module fails.
+    type: int
+    default: 0
+  ready_since:
+    description:
+      - With O(ready_timeout), the V(Ready) heartbeat must be newer than this one (RV(ready_heartbeat) of the
+        drain), so that only what the node's kubelet posted after its restart counts.
+    type: str
+    default: ""
 attributes:
   check_mode:
     support: full
@@ -99,6 +111,16 @@ blocked_retries:
   description: Rounds in which a PodDisruptionBudget refused an eviction.
   returned: when state is drained
   type: int
+ready_heartbeat:
+  description:
+    - The V(lastHeartbeatTime) of the node's V(Ready) condition once the node is drained (empty in check mode or
+      when the kubelet has posted none); give it as O(ready_since) to the uncordon after the node's reboot.
+  returned: when state is drained
+  type: str
+ready:
+  description: The node's V(Ready) condition the uncordon waited for (null when it did not wait).
+  returned: when state is uncordoned or cordoned
+  type: dict
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -106,6 +128,7 @@ from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.cluster
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.cluster.k8s_apply import (
     drain,
     set_unschedulable,
+    wait_ready,
 )
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools_kube import connect_api, run_module
 
@@ -115,6 +138,8 @@ ARGUMENT_SPEC = {
     "timeout": {"type": "int", "default": 300},
     "poll_interval": {"type": "float", "default": 2.0},
     "delete_unmanaged": {"type": "bool", "default": False},
+    "ready_timeout": {"type": "int", "default": 0},
+    "ready_since": {"type": "str", "default": ""},
 }
 
 
@@ -131,8 +156,11 @@ def run(module: AnsibleModule) -> dict:
             delete_unmanaged=p["delete_unmanaged"],
         )
         return dict(report, node=node, server=api.server)
+    ready = None
+    if p["state"] == "uncordoned" and p["ready_timeout"] > 0 and not module.check_mode:
+        ready = wait_ready(api, p["ready_since"], p["ready_timeout"], p["poll_interval"])
     changed = set_unschedulable(api, p["state"] == "cordoned", module.check_mode)
-    return {"changed": changed, "cordoned": changed, "node": node, "server": api.server}
+    return {"changed": changed, "cordoned": changed, "node": node, "server": api.server, "ready": ready}
 
 
 def main() -> None:

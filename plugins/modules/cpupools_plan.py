@@ -95,7 +95,7 @@ options:
   isolated_pools:
     description:
       - Pools whose CPUs are isolated (in C(generate) mode), a list of C(exclusive) and C(shared).
-      - C(auto) is both, but C(exclusive) only for the C(nri-topology-aware) and C(kubelet) runtimes.
+      - C(auto) is both, but C(exclusive) only for the C(nri-topology-aware), C(nri-balloons) and C(kubelet) runtimes.
     type: raw
     default: auto
   runtime:

@@ -167,3 +167,31 @@ def test_a_layout_read_while_the_crds_storage_initializes_is_repeated(fake, api,
     fake.fail("GET", r"/cpupoollayouts/node-1$", 429, "storage is (re)initializing", times=2)
     assert ensure_layout(api, layout_object("node-1", make_plan(), {}), check_mode=False) == "created"
     assert [r.method for r in fake.requests] == ["GET", "GET", "GET", "POST"]
+
+
+def test_the_uncordon_waits_for_a_ready_newer_than_the_drain_saw(cluster):
+    """After a reboot the Node still says what the old kubelet posted: only a newer Ready readmits it."""
+    from cpupools.cluster.k8s_apply import drain, wait_ready
+    from cpupools.core.errors import K8sError
+    from k8s_real import ready_condition
+
+    api = cluster.api()
+    drained = drain(api, False, timeout=10, poll=0.05)
+    seen = drained["ready_heartbeat"]
+    assert seen, drained  # the registration's Ready (tests/k8s_real.py posts it as the kubelet does)
+    with pytest.raises(K8sError) as caught:
+        wait_ready(api, seen, timeout=0.3, poll=0.05)
+    assert "not Ready 0s after its kubelet was restarted (Ready: status True, reason KubeletReady" in str(caught.value)
+    assert str(caught.value).endswith("the node stays cordoned") and caught.value.field == "k8s_drain_timeout"
+    assert wait_ready(api, "", timeout=0.3, poll=0.05)["status"] == "True"  # no drain read: Ready is enough
+    # The restarted kubelet's first status: a later heartbeat, from the node's own credentials.
+    newer = dict(ready_condition(), lastHeartbeatTime="2999-01-01T00:00:00Z")
+    patch = {"status": {"conditions": [newer]}}
+    cluster.real.ok(
+        "PATCH",
+        f"/api/v1/nodes/{cluster.node}/status",
+        patch,
+        content_type="application/strategic-merge-patch+json",
+        node=cluster.node,
+    )
+    assert wait_ready(api, seen, timeout=5, poll=0.05)["lastHeartbeatTime"] == "2999-01-01T00:00:00Z"

@@ -95,8 +95,7 @@ def test_pooler_picks_our_file_for_the_node_among_foreign_ones(corpus_root):
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("runtime", ["nri-topology-aware", "nri-balloons"])
 def test_nri_objects_pass_the_crd_schema_and_the_policy_rules(corpus_root, shape, runtime):
-    pools = ["exclusive"] if runtime == "nri-topology-aware" else ["exclusive", "shared"]
-    plan, topo = plan_and_topology(corpus_root, shape, isolated_pools=pools)
+    plan, topo = plan_and_topology(corpus_root, shape, isolated_pools=["exclusive"])
     check_runtime(plan, core_numbers(cores_of(topo)), runtime, "multiThreaded")
     want = render(plan, runtime)
     obj = want["object"]
@@ -111,12 +110,20 @@ def test_nri_objects_pass_the_crd_schema_and_the_policy_rules(corpus_root, shape
     assert spec["availableResources"]["cpu"] == "cpuset:" + topo_online(topo)
     if runtime == "nri-balloons":
         types = {t["name"]: t for t in spec["balloonTypes"]}
-        assert set(types) == {"exclusive", "shared"}
+        leftovers = len(topo_cpus(plan, "infra")) - len(topo_cpus(plan, "reserved"))
+        assert set(types) == {"exclusive", "reserved", "shared"} | ({"default"} if leftovers else set())
         assert types["exclusive"]["maxCPUs"] == plan["cpu_counts"]["exclusive"]
         # at most one balloon per exclusive core: the type cannot grow past the pool in balloons either
         assert types["exclusive"]["maxBalloons"] == plan["counts"]["exclusive"]
         assert types["exclusive"]["preferIsolCpus"] is True and types["exclusive"]["preferNewBalloons"] is True
         assert types["shared"]["minCPUs"] == types["shared"]["maxCPUs"] == plan["cpu_counts"]["shared"]
+        # The fence: balloons of a fixed size, made at the policy's start, hold every CPU but the
+        # exclusive pool's, which is all that is left for the exclusive type's balloons.
+        fixed = [t for t in spec["balloonTypes"] if t["name"] != "exclusive"]
+        assert all(t["minBalloons"] == t["maxBalloons"] and t["minCPUs"] == t["maxCPUs"] for t in fixed)
+        held = sum(t["minBalloons"] * t["minCPUs"] for t in fixed)
+        assert held == len(topo.cpus) - plan["cpu_counts"]["exclusive"]
+        assert types["reserved"]["minCPUs"] == len(topo_cpus(plan, "reserved"))
     else:
         assert spec["preferIsolatedCPUs"] is True
 
@@ -141,6 +148,28 @@ def test_balloons_on_a_hybrid_prefer_each_pools_core_type(corpus_root):
     }
     assert types["shared"]["preferCoreType"] == "efficient"
     assert (types["shared"]["minCPUs"], types["shared"]["maxCPUs"]) == (2, 2)
+
+
+def test_balloons_refuse_an_isolated_shared_pool_and_hold_every_other_cpu(corpus_root):
+    """Balloons only prefer isolated CPUs: with the shared pool isolated too, an exclusive balloon could
+    take a shared CPU. The exclusive pool is isolated alone, and fixed balloons hold everything else."""
+    plan, topo = plan_and_topology(corpus_root, "2s22c-smt2", isolated_pools=["exclusive", "shared"])
+    msg = refusal(plan, topo, "nri-balloons")
+    assert msg == (
+        "host node-1: cpupools_isolated_pools: nri-balloons finds the exclusive pool by the CPUs the kernel "
+        "isolates, so with the shared pool (2,46) isolated too an exclusive balloon could get a shared CPU; "
+        "set cpupools_isolated_pools: [exclusive]"
+    )
+    auto, _ = plan_and_topology(corpus_root, "2s22c-smt2", runtime="nri-balloons")
+    assert auto["isolated_cpus"] == auto["pool_cpus"]["exclusive"]  # auto: the exclusive pool alone
+    # No shared pool and no core left over: pods without an annotation go to the reserved CPUs, never to a
+    # balloon made of free (exclusive) CPUs.
+    bare, _ = plan_and_topology(
+        corpus_root, "1s8c-smt2", runtime="nri-balloons", num_shared_cores=0, num_exclusive_cores=-1
+    )
+    spec = render(bare, "nri-balloons")["object"]["spec"]
+    assert [t["name"] for t in spec["balloonTypes"]] == ["exclusive", "reserved"]
+    assert spec["reservedPoolNamespaces"] == ["*"]
 
 
 def test_topology_aware_reserves_housekeeping_not_the_leftovers(corpus_root):

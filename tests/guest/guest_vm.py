@@ -30,7 +30,7 @@ import guest_image as image
 #: -smp and the NUMA nodes: CPUs 0-3 (socket 0) on node 0, 4-7 (socket 1) on node 1.
 SMP = "8,sockets=2,cores=2,threads=2"
 NUMA_NODES = (("0-3", "1G"), ("4-7", "1G"))
-SSH_TIMEOUT = 420
+SSH_TIMEOUT = 900
 SSH_OPTS = (
     "-o",
     "StrictHostKeyChecking=no",

@@ -85,6 +85,33 @@ def test_rendered_files_follow_the_inputs_and_are_deterministic():
     assert all(f.content.startswith(converge.HEADER) for f in default.values())
 
 
+def test_the_cpuaffinity_drop_in_is_wanted_where_the_kernel_leaves_host_processes_on_isolated_cpus():
+    """auto: the kubelet runtime's isolcpus=managed_irq confines nothing (the real guest's kubelet,
+    containerd and systemd ran on every CPU until the drop-in); CMK's domain flag confines init already."""
+    assert converge.desired_files(values(runtime="kubelet"), OUTPUTS, "n", 1)["cpuaffinity"].wanted is True
+    assert converge.desired_files(values(), OUTPUTS, "n", 1)["cpuaffinity"].wanted is False
+    assert converge.wants_cpuaffinity(values(isolcpus_flags=["managed_irq"])) is True
+    assert converge.wants_cpuaffinity(values(runtime="kubelet", systemd_cpuaffinity="false")) is False
+    assert converge.wants_cpuaffinity(values(systemd_cpuaffinity=True)) is True
+    files = converge.desired_files(values(), OUTPUTS, "n", 1)
+    assert files["cpuaffinity"].to_result()["wanted"] is False and files["irqbalance"].to_result()["wanted"] is False
+
+
+def test_a_node_of_another_runtime_converges_once_nothing_of_the_agent_is_left(tmp_path):
+    """A kubelet node's agent stage ran on every site.yml (about a minute on the emulated guest) only to
+    find nothing to remove: now it is left out when nothing of the agent is there."""
+    v = values(runtime="kubelet", root=str(tmp_path))
+    assert converge.agent_leftovers(v, str(tmp_path)) == []
+    (tmp_path / "opt/bin").mkdir(parents=True)
+    (tmp_path / "opt/bin/cmk").write_text("#!/bin/sh\n")
+    (tmp_path / "etc/systemd/system").mkdir(parents=True)
+    (tmp_path / "etc/systemd/system/cpupools-reconcile.timer").symlink_to("/nowhere")  # dangling: still there
+    assert converge.agent_leftovers(v, str(tmp_path)) == [
+        "agent: cpupools_runtime is kubelet: the agent stage removes /opt/bin/cmk",
+        "agent: cpupools_runtime is kubelet: the agent stage removes /etc/systemd/system/cpupools-reconcile.timer",
+    ]
+
+
 def test_agent_node_name_follows_the_roles_default_chain():
     assert converge.agent_node_name(values(), "h") == "h"
     assert converge.agent_node_name(values(k8s_node_name="k"), "h") == "k"

@@ -326,6 +326,26 @@ def test_verify_the_fresh_state():
     assert kubelet.verify_state(json.loads(state("none", "")), None, online) == []
 
 
+def test_verify_a_fresh_state_of_strict_cpu_reservation():
+    """The real kubelet v1.36 with strict-cpu-reservation keeps the reserved CPUs out of its default set.
+
+    What it wrote on the guest (8 CPUs, reservedSystemCPUs 0-1,4-5): defaultCpuSet 2-3,6-7;
+    with a Guaranteed pod of 2 CPUs: defaultCpuSet 6-7 and the pod's 2-3.
+    """
+    strict = {**STATIC, "reservedSystemCPUs": "0-1,4-5", "cpuManagerPolicyOptions": {"strict-cpu-reservation": "true"}}
+    online = set(range(8))
+    assert kubelet.verify_state(json.loads(state("static", "2-3,6-7")), strict, online) == []
+    held = json.loads(state("static", "6-7", {"uid-1": {"app": "2-3"}}))
+    assert kubelet.verify_state(held, strict, online) == []
+    # A default set holding reserved CPUs is a kubelet that did not apply the option.
+    assert kubelet.verify_state(json.loads(state("static", "0-7")), strict, online) == [
+        "defaultCpuSet 0-7 holds reserved CPUs 0-1,4-5, which strict-cpu-reservation keeps out of it"
+    ]
+    assert kubelet.verify_state(json.loads(state("static", "2-3")), strict, online) == [
+        "defaultCpuSet and assignments cover 2-3, the node has 0-7 online of which 0-1,4-5 are reserved"
+    ]
+
+
 def test_waiting_for_the_state_file_gives_up_after_the_timeout(tmp_path):
     ticks = iter(range(100))
     path = tmp_path / "cpu_manager_state"
@@ -339,6 +359,49 @@ def test_waiting_for_the_state_file_gives_up_after_the_timeout(tmp_path):
     assert kubelet.wait_for_state(str(path), 10, clock=lambda: next(ticks), sleep=sleep) == state("static")
     assert len(waited) == 3
     assert kubelet.wait_for_state(str(tmp_path / "never"), 2, clock=lambda: next(ticks), sleep=lambda s: None) is None
+
+
+#: The real kubelet v1.36's last words (journalctl -u kubelet -o cat) when the merged configuration asks
+#: for two options it cannot combine (the guest's own kubelet.yaml set distribute-cpus-across-cores).
+REFUSED = """\
+I1128 15:50:13.611031     980 server.go:545] "Kubelet version" kubeletVersion="v1.36.2"
+E1128 15:50:13.853935     980 container_manager_linux.go:343] "Failed to initialize cpu manager" \
+err="new static policy error: static policy options full-pcpus-only and distribute-cpus-across-cores can not be \
+used at the same time"
+E1128 15:50:13.854473     980 run.go:72] "command failed" err="failed to run Kubelet: new static policy error: \
+static policy options full-pcpus-only and distribute-cpus-across-cores can not be used at the same time"
+kubelet.service: Main process exited, code=exited, status=1/FAILURE
+"""
+
+
+def test_the_kubelets_own_words_when_it_refuses_to_run():
+    assert kubelet.kubelet_error(REFUSED) == (
+        "failed to run Kubelet: new static policy error: static policy options full-pcpus-only and "
+        "distribute-cpus-across-cores can not be used at the same time"
+    )
+    assert kubelet.kubelet_error('E1128 x.go:1] "oops" err="a \\"quoted\\" word"\n') == 'a "quoted" word'
+    assert kubelet.kubelet_error("kubelet.service: Failed with result 'exit-code'.\n").startswith("kubelet.service")
+    assert kubelet.kubelet_error("") == "(nothing in its log)"
+
+
+def test_a_unit_systemd_keeps_restarting_fails_the_wait_with_the_kubelets_words(tmp_path):
+    calls = []
+
+    def run(argv):
+        calls.append(argv[0])
+        if argv[0] == "systemctl":
+            return 0, f"NRestarts={min(len(calls), 9)}\nActiveState=activating\n", ""
+        return 0, REFUSED, ""
+
+    assert kubelet.unit_failure(lambda argv: (0, "NRestarts=1\nActiveState=active\n", ""), "kubelet") is None
+    failed = lambda: kubelet.unit_failure(run, "kubelet")  # noqa: E731
+    with pytest.raises(PlanError) as caught:
+        kubelet.verify_started(node_at(tmp_path), CONFIG, set(range(16)), 60, interval=0, failed=failed)
+    message = str(caught.value)
+    assert "the kubelet (kubelet) exited 3 time(s) since its start and systemd keeps restarting it" in message
+    assert "the kubelet says: failed to run Kubelet: new static policy error" in message
+    assert message.endswith("The node stays cordoned and the rollout stops here.")
+    assert calls.count("journalctl") == 1  # the log is read once, when the unit has failed
 
 
 def node_at(root, check=False):

@@ -411,6 +411,54 @@ def test_kubelet_assigned_cpus_count_as_held(tmp_path):
     assert by_check(result, "process") == []
 
 
+#: Real cgroups of pods under the kubelet's systemd driver (cgroup v2), as read in the Debian 13 guest.
+GUARANTEED = "/kubepods.slice/kubepods-pod{u}.slice/cri-containerd-d546c5007bfd.scope"
+BURSTABLE = "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{u}.slice/cri-containerd-78a40b7a.scope"
+UID_G = "e471fd5f-c4cc-4916-a5f3-040d78782731"
+UID_B = "625e74d1-65fd-4938-b480-805c440a0691"
+
+
+def kubelet_node(tmp_path, *tasks):
+    """A kubelet node of PLAN's shape: the pod of UID_G holds CPU 4 (its container app), 3 and 5 are shared."""
+    kernel = quiet_kernel()
+    kernel.tasks = [t for t in kernel.tasks if t.pid not in (100, 101)] + list(tasks)
+    root = write_kernel(tmp_path / "node", kernel)
+    state = {"policyName": "static", "defaultCpuSet": "3,5", "entries": {UID_G: {"app": "4"}}, "checksum": 1}
+    write(root, "var/lib/kubelet/cpu_manager_state", json.dumps(state))
+    return verify(facts_root=str(root), root=str(root), plan=dict(PLAN, runtime="kubelet"), **VERIFY_ARGS)
+
+
+VERIFY_ARGS = {"expected_args": EXPECTED, "pause": lambda: None}
+
+
+def test_the_kubelet_pods_tasks_are_found_by_their_cgroup(tmp_path):
+    under = lambda uid: uid.replace("-", "_")  # noqa: E731 -- the systemd driver's escaping
+    result = kubelet_node(
+        tmp_path,
+        Task(400, "app", [4], 4, cgroup=GUARANTEED.format(u=under(UID_G))),
+        Task(401, "burst", [3, 5], 5, cgroup=BURSTABLE.format(u=under(UID_B))),  # the kubelet's shared pool
+    )
+    assert result["per_cpu"]["4"]["held_by"] == f"kubelet {UID_G}/app"
+    assert result["cmk"]["unrecorded"] == [] and result["processes"] == [], result["findings"]
+    assert result["ok"], result["findings"]
+
+
+def test_a_stray_pinned_onto_a_pods_cpus_is_named_though_its_mask_is_the_pods(tmp_path):
+    """A process outside the pod, pinned (taskset) exactly onto the pod's CPU: not the holder."""
+    result = kubelet_node(
+        tmp_path,
+        Task(400, "app", [4], 4, cgroup=GUARANTEED.format(u=UID_G.replace("-", "_"))),
+        Task(402, "stray", [4], 4, cgroup="/system.slice/ssh.service"),
+        Task(403, "daemon", [0, 1, 2, 3, 4, 5], 3, cgroup="/system.slice/cron.service"),  # off the housekeeping CPUs
+    )
+    assert [u["pid"] for u in result["cmk"]["unrecorded"]] == [402]
+    (pinned,) = by_check(result, "cmk", "fail")
+    assert "pid 402 (stray) is pinned to exclusive CPU 4" in pinned["message"]
+    (ran,) = by_check(result, "process", "fail")
+    assert "pid 403 (daemon) last ran on exclusive CPU 3" in ran["message"]
+    assert result["ok"] is False
+
+
 def test_bad_inputs_are_refused(tmp_path):
     root = write_kernel(tmp_path / "node", quiet_kernel())
     with pytest.raises(VerifyError, match="no isolated_cpus"):

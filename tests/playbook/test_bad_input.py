@@ -345,6 +345,12 @@ CASES = [
     # report knobs
     Case("report-print", "cpupools_report_print", "'loud' is not a boolean", cli=("cpupools_report_print=loud",)),
     Case(
+        "cpuaffinity-not-auto-or-bool",
+        "cpupools_systemd_cpuaffinity",
+        "'sometimes' is not auto or a boolean; give auto, true or false",
+        cli=("cpupools_systemd_cpuaffinity=sometimes",),
+    ),
+    Case(
         "report-html-relative",
         "cpupools_report_html",
         "'report.html' is not an absolute path",

@@ -141,6 +141,27 @@ def test_kernel_that_differs_without_a_pending_reboot_is_drift(host_input):
     assert page.marked("1s8c-smt2", "p-isolate") == []
 
 
+def test_isolcpus_without_the_domain_flag_isolates_its_cpus_though_sysfs_shows_none(host_input):
+    """The kubelet runtime's isolcpus=managed_irq,<cpus>: the real Debian 13 guest's
+    /sys/devices/system/cpu/isolated was empty on the kernel booted with it, and that is no drift."""
+    plain = host_input("1s8c-smt2")
+    iso = plain["plan"]["isolated_cpus"]
+    cmdline = f"BOOT_IMAGE=/vmlinuz root=/dev/vda1 isolcpus=managed_irq,{iso} nohz_full={iso}"
+    entry = host_input("1s8c-smt2", spec={"isolated": "", "cmdline": cmdline}, kernel={"reboot_required": False})
+    view = analyse_host(entry)
+    assert view.isolated_active == iso and view.to_isolate == "" and view.to_release == ""
+    assert not [d for d in view.drift if d.startswith("kernel:")], view.drift
+
+
+def test_a_runtime_without_cmks_pool_state_has_no_state_drift(host_input):
+    """On a kubelet node the agent stage removes CMK's pool state: none is expected (the real guest's report
+    said every planned pool was missing from it)."""
+    entry = host_input("1s8c-smt2", {"runtime": "kubelet"}, state={"present": True, "tasks": {}})
+    view = analyse_host(entry)
+    assert not [d for d in view.drift if d.startswith("state:")], view.drift
+    assert view.tasks_note == "none kept by cpupools (runtime kubelet)"
+
+
 def test_kernel_status_not_collected_is_pending_with_the_doubt_spelt_out(host_input):
     view = analyse_host(host_input("1s8c-smt2"))
     assert view.status == "pending" and view.drift == []

@@ -432,6 +432,47 @@ def set_unschedulable(api: Api, on: bool, check_mode: bool) -> bool:
     raise api.conflict_error("the node")
 
 
+def ready_condition(node: Mapping) -> dict:
+    """The node's ``Ready`` condition ({} when the kubelet has not posted one)."""
+    for condition in (node.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Ready":
+            return dict(condition)
+    return {}
+
+
+def wait_ready(
+    api: Api,
+    since: str = "",
+    timeout: float = 300.0,
+    poll: float = 2.0,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict:
+    """The node's ``Ready`` condition once it is ``True`` and, with ``since``, posted after that heartbeat.
+
+    After a restart of its kubelet or a reboot a node's object still says
+    what the kubelet posted before; a ``Ready`` heartbeat newer than the one
+    read after the drain (``since``: both times from the node's own clock,
+    so a controller's clock that differs does not matter) tells that the
+    new kubelet runs and has reported.
+    """
+    path = node_path(api.node)
+    deadline = clock() + timeout
+    while True:
+        ready = ready_condition(api.call("GET", path))
+        if ready.get("status") == "True" and (not since or str(ready.get("lastHeartbeatTime") or "") > since):
+            return ready
+        if clock() >= deadline:
+            keys = ("status", "reason", "message", "lastHeartbeatTime")
+            said = ", ".join(f"{k} {ready[k]}" for k in keys if ready.get(k))
+            raise K8sError(
+                f"node {api.node!r} on API server {api.server}: not Ready {timeout:.0f}s after its kubelet was "
+                f"restarted (Ready: {said or 'not posted'}); the node stays cordoned",
+                "k8s_drain_timeout",
+            )
+        sleep(poll)
+
+
 def node_pods(api: Api) -> list[dict]:
     data = api.call("GET", "/api/v1/pods", query={"fieldSelector": f"spec.nodeName={api.node}"})
     return list(data.get("items") or [])
@@ -517,4 +558,8 @@ def drain(
                 "k8s_drain_timeout",
             )
         sleep(poll)
+    # What the node's kubelet last reported, read once the node is drained: the uncordon after the
+    # reboot or kubelet restart waits for a newer one (wait_ready).
+    ready = ready_condition(api.call("GET", node_path(api.node)))
+    report["ready_heartbeat"] = str(ready.get("lastHeartbeatTime") or "")
     return report

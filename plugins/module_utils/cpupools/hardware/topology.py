@@ -128,6 +128,19 @@ class KernelArgs:
     isolated_active: tuple[int, ...] = ()
     nohz_full_active: tuple[int, ...] = ()
 
+    @property
+    def isolated_now(self) -> tuple[int, ...]:
+        """The CPUs the running kernel isolates.
+
+        Those ``isolcpus`` took out of the scheduler domains (sysfs
+        ``isolated``); for an ``isolcpus`` without the ``domain`` flag
+        (``managed_irq`` alone, the kubelet runtime's) its CPUs, which the
+        kernel keeps interrupts off while sysfs ``isolated`` shows none.
+        """
+        if self.isolcpus_set and self.isolcpus_flags and "domain" not in self.isolcpus_flags:
+            return tuple(sorted(set(self.isolated_active) | set(self.isolcpus)))
+        return self.isolated_active
+
 
 @dataclass
 class Topology:

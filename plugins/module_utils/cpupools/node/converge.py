@@ -28,6 +28,7 @@ from ..hardware.topology import Topology
 from .bootloader import Host, Runner
 from .bootloader import converge as converge_kernel
 from .cmk15 import configmap_name, traces_on_node
+from .kargs import resolve_isolcpus_flags
 from .kubelet import HEADER as KUBELET_HEADER
 from .kubelet import Node as KubeletNode
 from .kubelet import configure as configure_kubelet
@@ -61,9 +62,16 @@ class NodeFile:
     content: str
     mode: int
     root_owned: bool = False  # the task sets owner and group root
+    wanted: bool = True  # an optional drop-in the node does not get is removed (OPTIONAL)
 
     def to_result(self) -> dict:
-        return {"stage": self.stage, "path": self.path, "content": self.content, "mode": f"{self.mode:04o}"}
+        return {
+            "stage": self.stage,
+            "path": self.path,
+            "content": self.content,
+            "mode": f"{self.mode:04o}",
+            "wanted": self.wanted,
+        }
 
 
 # Renderers ------------------------------------------------------------------------------
@@ -75,6 +83,20 @@ def render_cpuaffinity(outputs: Mapping) -> str:
         "# host daemons stay off the cpupools pools. Takes effect at the next boot.\n"
         f"[Manager]\nCPUAffinity={outputs['cpu_affinity']}\n"
     )
+
+
+def wants_cpuaffinity(values: Mapping) -> bool:
+    """Whether the node gets the systemd ``CPUAffinity=`` drop-in (``cpupools_systemd_cpuaffinity``).
+
+    ``auto``: where the kernel leaves host processes free to run on the
+    isolated CPUs, that is where ``isolcpus`` has no ``domain`` flag (the
+    kubelet runtime's ``managed_irq``): with ``domain`` the kernel starts
+    init, and so every service, on the housekeeping CPUs already.
+    """
+    setting = values["systemd_cpuaffinity"]
+    if setting != "auto":
+        return bool(setting)
+    return "domain" not in resolve_isolcpus_flags(values.get("isolcpus_flags"), values.get("runtime"))
 
 
 def render_irqbalance(outputs: Mapping) -> str:
@@ -148,8 +170,12 @@ def kubelet_path(values: Mapping) -> str:
 def desired_files(values: Mapping, outputs: Mapping, host: str, pid_ns: int) -> dict[str, NodeFile]:
     """Every file the kernel and agent stages write when present, by name (the stages' keys)."""
     files = {
-        "cpuaffinity": NodeFile("kernel", CPUAFFINITY_PATH, render_cpuaffinity(outputs), 0o644, True),
-        "irqbalance": NodeFile("kernel", IRQBALANCE_PATH, render_irqbalance(outputs), 0o644, True),
+        "cpuaffinity": NodeFile(
+            "kernel", CPUAFFINITY_PATH, render_cpuaffinity(outputs), 0o644, True, wants_cpuaffinity(values)
+        ),
+        "irqbalance": NodeFile(
+            "kernel", IRQBALANCE_PATH, render_irqbalance(outputs), 0o644, True, bool(values["irqbalance_banned"])
+        ),
         "settings": NodeFile(
             "agent",
             values["conf_dir"].rstrip("/") + "/" + SETTINGS_FILE,
@@ -241,7 +267,7 @@ def kernel_reasons(values: Mapping, kernel: Mapping, files: Mapping[str, NodeFil
     reasons = [f"kernel arguments: {action}" for action in kernel["actions"]]
     for name, switch in OPTIONAL.items():
         wanted = files[name]
-        if values[switch]:
+        if wanted.wanted:
             for reason in (
                 directory_difference(root, os.path.dirname(wanted.path), root_owned=True),
                 file_difference(root, wanted),
@@ -249,7 +275,7 @@ def kernel_reasons(values: Mapping, kernel: Mapping, files: Mapping[str, NodeFil
                 if reason:
                     reasons.append(f"{name}: {reason}")
         elif os.path.lexists(under(root, wanted.path)):
-            reasons.append(f"{name}: {wanted.path} is present but {switch} is false")
+            reasons.append(f"{name}: {wanted.path} is present but {switch} is {values[switch]}")
     if values["reboot_ok"] and kernel["reboot_required"] and values["root"] == "/":
         reasons.append("reboot: the running kernel lacks the written arguments and cpupools_reboot_ok is true")
     return reasons
@@ -415,9 +441,7 @@ def check_node(
             *kubelet_reasons(values, plan, topology, kubelet_io),
             *hugepages_reasons(plan, root),
         ],
-        "agent": agent_reasons(values, state, files, build, systemctl)
-        if cmk
-        else [f"agent: cpupools_runtime is {values['runtime']}: the agent stage removes the cmk agent"],
+        "agent": agent_reasons(values, state, files, build, systemctl) if cmk else agent_leftovers(values, root),
     }
     return {
         "stages": stages,
@@ -427,6 +451,23 @@ def check_node(
         # what the agent stage's cpupools_state would warn about again: it is told they were said
         "state_warnings": list(state["warnings"]),
     }
+
+
+def agent_leftovers(values: Mapping, root: str) -> list[str]:
+    """On a node of another runtime, what the agent stage would remove: the launcher and its zipapp, the
+    pool state and the reconcile units (roles/cpupools_agent/tasks/absent.yml); nothing there, nothing to do."""
+    paths = [
+        values["agent_path"],
+        values["agent_path"] + ".pyz",
+        values["conf_dir"],
+        f"{UNIT_DIR}/{UNIT}.service",
+        f"{UNIT_DIR}/{UNIT}.timer",
+    ]
+    return [
+        f"agent: cpupools_runtime is {values['runtime']}: the agent stage removes {path}"
+        for path in paths
+        if os.path.lexists(under(root, path))
+    ]
 
 
 #: The facts the kernel and agent stages export (``exports`` below).

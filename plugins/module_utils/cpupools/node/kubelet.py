@@ -456,7 +456,16 @@ def state_cpus(state: Mapping[str, object]) -> tuple[set[int], set[int]]:
 
 
 def verify_state(state: Mapping[str, object], subset: Mapping[str, object] | None, online: set[int]) -> list[str]:
-    """Why the kubelet's fresh state does not show the wanted policy and reserved set ([] when it does)."""
+    """Why the kubelet's fresh state does not show the wanted policy and reserved set ([] when it does).
+
+    The kubelet's own rules for a state it accepts (its static policy's
+    ``validateState``): without ``strict-cpu-reservation`` the default set
+    holds every reserved CPU, and the default set with the containers'
+    assignments covers every CPU; with it, the reserved CPUs are in neither
+    (Burstable and BestEffort pods stay off them) and the two cover every
+    other CPU. Seen on the real kubelet v1.36 with strict-cpu-reservation:
+    ``defaultCpuSet`` ``2-3,6-7`` on a node of 8 CPUs that reserves ``0-1,4-5``.
+    """
     problems = []
     want = "none" if subset is None else str(subset["cpuManagerPolicy"])
     if subset is None:
@@ -467,15 +476,24 @@ def verify_state(state: Mapping[str, object], subset: Mapping[str, object] | Non
         return problems
     default, assigned = state_cpus(state)
     reserved = _cpus(subset.get("reservedSystemCPUs", ""), "reservedSystemCPUs")
-    if not reserved <= default:
+    options = subset.get("cpuManagerPolicyOptions")
+    strict = isinstance(options, Mapping) and str(options.get(STRICT, "")).lower() == "true"
+    if strict and reserved & default:
+        problems.append(
+            f"defaultCpuSet {format_cpulist(default)} holds reserved CPUs {format_cpulist(reserved & default)}, "
+            f"which {STRICT} keeps out of it"
+        )
+    if not strict and not reserved <= default:
         problems.append(
             f"defaultCpuSet {format_cpulist(default) or '(empty)'} lacks reserved CPUs "
             f"{format_cpulist(reserved - default)}"
         )
-    if online and (default | assigned) != online:
+    covered = default | assigned | (reserved if strict else set())
+    if online and covered != online:
         problems.append(
             f"defaultCpuSet and assignments cover {format_cpulist(default | assigned) or 'no CPU'}, "
             f"the node has {format_cpulist(online)} online"
+            + (f" of which {format_cpulist(reserved)} are reserved" if strict else "")
         )
     return problems
 
@@ -532,8 +550,13 @@ def wait_for_state(
     interval: float = 0.5,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    failed: Callable[[], str | None] | None = None,
 ) -> str | None:
-    """The text of the kubelet's state file once it exists and parses, or ``None`` after ``timeout`` seconds."""
+    """The text of the kubelet's state file once it exists and parses, or ``None`` after ``timeout`` seconds.
+
+    ``failed()``, asked between two looks, says why the kubelet will not come
+    up (``None`` while it may): the wait ends there with ``KubeletError``.
+    """
     deadline = clock() + timeout
     while True:
         try:
@@ -543,9 +566,57 @@ def wait_for_state(
             return text
         except (FileNotFoundError, KubeletError):
             pass
+        why = failed() if failed is not None else None
+        if why:
+            raise KubeletError(f"{why}. The node stays cordoned and the rollout stops here.", "runtime")
         if clock() >= deadline:
             return None
         sleep(interval)
+
+
+#: How many times systemd may restart the kubelet after its start before the rollout calls it failed:
+#: one exit can be a container runtime still starting at boot; a refused configuration exits every time.
+KUBELET_EXITS = 3
+#: The kubelet's last words when it refuses to run (klog: ``run.go:72] "command failed" err="..."``).
+_KLOG_ERR = re.compile(r'\berr="((?:[^"\\]|\\.)*)"')
+
+
+def kubelet_error(journal: str) -> str:
+    """The kubelet's own reason from its log: the last ``"command failed" err=...``, else its last error line."""
+    lines = [line.strip() for line in journal.splitlines() if line.strip()]
+    for want in ("command failed", ""):
+        for line in reversed(lines):
+            if want in line and (line.startswith("E") or line.startswith("F") or want):
+                match = _KLOG_ERR.search(line)
+                if match:
+                    return match.group(1).replace('\\"', '"')
+                if not want:
+                    return line
+    return lines[-1] if lines else "(nothing in its log)"
+
+
+def unit_failure(run: Callable[[list[str]], tuple[int, str, str]], service: str) -> str | None:
+    """Why the kubelet's systemd unit will not come up, from systemd and the unit's log (``None``: it may).
+
+    systemd counts the unit's automatic restarts since its last start
+    (``NRestarts``); a kubelet that refuses its configuration exits at every
+    one of them.
+    """
+    rc, out, _err = run(["systemctl", "show", service, "--property=NRestarts", "--property=ActiveState"])
+    if rc != 0:
+        return None
+    props = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    try:
+        exits = int(props.get("NRestarts") or 0)
+    except ValueError:
+        return None
+    if exits < KUBELET_EXITS and props.get("ActiveState") != "failed":
+        return None
+    _rc, journal, _err = run(["journalctl", "--unit", service, "--boot", "--lines=400", "--output=cat", "--no-pager"])
+    return (
+        f"the kubelet ({service}) exited {exits} time(s) since its start and systemd keeps restarting it; "
+        f"the kubelet says: {kubelet_error(journal)}"
+    )
 
 
 # Applying ------------------------------------------------------------------------
@@ -633,7 +704,9 @@ def verify_started(
     """After the start: the kubelet wrote a fresh state with the wanted policy; then the record says so.
 
     In check mode the kubelet was not restarted (nothing was removed), so
-    the state is read as it is and the record is only predicted.
+    the state is read as it is and the record is only predicted. ``wait``
+    goes to ``wait_for_state`` (``failed``: the unit's failure, with the
+    kubelet's own words).
     """
     subset = restart_subset(config)
     if node.host.check:

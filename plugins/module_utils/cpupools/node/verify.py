@@ -250,12 +250,34 @@ def read_irqs(facts: Facts, actions: Mapping[str, str] | None = None) -> list[di
     return out
 
 
-def read_tasks(facts: Facts) -> list[dict]:
-    """Every task (thread) of every process: its stat fields, tgid and ``allowed`` CPUs."""
+#: A pod's cgroup, as the kubelet names it with either driver: ``kubepods-burstable-pod<uid>.slice``
+#: (systemd: the UID's dashes as underscores) or ``kubepods/burstable/pod<uid>`` (cgroupfs). A static
+#: pod's UID is a hash without dashes.
+_UID = r"[0-9a-f]{8}[-_]?[0-9a-f]{4}[-_]?[0-9a-f]{4}[-_]?[0-9a-f]{4}[-_]?[0-9a-f]{12}"
+_POD_CGROUP = re.compile(rf"kubepods[^\n]*?pod({_UID})")
+
+
+def pod_of_cgroup(text: str) -> str:
+    """The UID of the pod whose cgroup ``/proc/PID/cgroup`` names ("" for a task outside every pod)."""
+    match = _POD_CGROUP.search(text)
+    return match.group(1).replace("_", "-") if match else ""
+
+
+def read_tasks(facts: Facts, pods: bool = False) -> list[dict]:
+    """Every task (thread) of every process: its stat fields, tgid and ``allowed`` CPUs.
+
+    ``pods``: also ``pod``, the UID of the Kubernetes pod whose cgroup the
+    process is in ("" outside every pod, ``None`` when ``/proc/PID/cgroup``
+    cannot be read), read once per process.
+    """
     tasks = []
     for pid in facts.listdir("proc"):
         if not pid.isdigit():
             continue
+        pod = None
+        if pods:
+            text = facts.read(f"proc/{pid}/cgroup")
+            pod = None if text is None else pod_of_cgroup(text)
         for tid in facts.listdir(f"proc/{pid}/task") or [pid]:
             stat = facts.read(f"proc/{pid}/task/{tid}/stat")
             if stat is None and tid == pid:
@@ -272,6 +294,8 @@ def read_tasks(facts: Facts) -> list[dict]:
             except CpulistError:
                 task["allowed"] = None
             task["tgid"] = int(pid)
+            if pods:
+                task["pod"] = pod
             tasks.append(task)
     return tasks
 
@@ -767,15 +791,30 @@ def _holders(
                     for cpu in entry["cpus"]:
                         held_tasks.setdefault(task["pid"], {})[cpu] = holder
                 todo.extend(children.get(current, []))
+    assigned: set[int] = set()
     for entry in kubelet_held:
         holder = f"kubelet {entry['holder']}"
+        uid = entry["holder"].split("/", 1)[0]
         cpus = set(entry["cpus"])
+        assigned |= cpus
         for cpu in sorted(cpus & exclusive):
             held_cpus.setdefault(cpu, holder)
         for task in tasks:
-            if task["allowed"] is not None and set(task["allowed"]) == cpus:
+            # The pod's own tasks, by their cgroup; where no cgroup can be read (a fixture
+            # without them), a task allowed exactly the container's CPUs.
+            pod = task.get("pod")
+            ours = pod == uid if pod is not None else task["allowed"] is not None and set(task["allowed"]) == cpus
+            if ours:
                 for cpu in cpus:
                     held_tasks.setdefault(task["pid"], {})[cpu] = holder
+    if runtime == "kubelet":
+        # The CPUs the kubelet has not handed out are its shared pool: every pod's other
+        # containers (Burstable, BestEffort, non-integer) run there. Not a process outside the pods.
+        shared = exclusive - assigned
+        for task in tasks:
+            if task.get("pod"):
+                for cpu in shared:
+                    held_tasks.setdefault(task["pid"], {}).setdefault(cpu, "kubelet shared pool")
     if runtime not in ("cmk", "kubelet"):
         # cpu-pooler and the nri policies keep no record verify reads: a task pinned
         # inside the exclusive CPUs is taken to be the workload they pinned there.
@@ -1237,7 +1276,7 @@ def verify(
     workqueue, found = check_workqueue(read_workqueues(facts), isolated)
     findings += found
 
-    tasks = read_tasks(facts)
+    tasks = read_tasks(facts, pods=runtime == "kubelet")
     if not tasks:
         findings.append(
             _finding(

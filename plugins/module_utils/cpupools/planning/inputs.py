@@ -107,6 +107,16 @@ def to_bool(raw: object, field: str) -> bool:
     raise InputError(f"{show(raw)} is not a boolean; give true or false", field)
 
 
+def to_auto_bool(raw: object, field: str) -> str | bool:
+    """``auto`` (decided from the node's plan) or a boolean."""
+    if isinstance(raw, str) and raw.strip().lower() == "auto":
+        return "auto"
+    try:
+        return to_bool(raw, field)
+    except InputError:
+        raise InputError(f"{show(raw)} is not auto or a boolean; give auto, true or false", field) from None
+
+
 def to_choice(raw: object, field: str, choices: tuple[str, ...]) -> str:
     if isinstance(raw, str):
         for choice in choices:
@@ -520,7 +530,7 @@ SPEC: dict[str, Var] = {
     "command_wrapper": _var("kernel", to_argv, [], "list"),
     "reboot_ok": _var("kernel", to_bool, False, "bool"),
     "reboot_timeout": _var("kernel", _int(1, 86400), 1800, "int"),
-    "systemd_cpuaffinity": _var("kernel", to_bool, False, "bool"),
+    "systemd_cpuaffinity": _var("kernel", to_auto_bool, "auto", "raw"),
     "irqbalance_banned": _var("kernel", to_bool, False, "bool"),
     "kubelet_dropin": _var("kernel", to_bool, False, "bool"),
     "kubelet_reservation": _var(

@@ -64,7 +64,8 @@ PLAN_VERSION = 2
 #: and which hands out (and shares until then) every other CPU.
 KUBELET = "kubelet"
 NRI_TOPOLOGY_AWARE = "nri-topology-aware"
-RUNTIME_NAMES = ("cmk", KUBELET, "cpu-pooler", NRI_TOPOLOGY_AWARE, "nri-balloons")
+NRI_BALLOONS = "nri-balloons"
+RUNTIME_NAMES = ("cmk", KUBELET, "cpu-pooler", NRI_TOPOLOGY_AWARE, NRI_BALLOONS)
 #: ``infra_cores: auto``: one housekeeping thread per this many threads of a NUMA
 #: node, in whole cores, at least one core (48 threads: one SMT2 core; 192: three).
 HOUSEKEEPING_SHARE = 32
@@ -100,10 +101,12 @@ def default_isolated_pools(runtime: str) -> tuple[str, ...]:
     """``isolated_pools: auto``: exclusive and shared, but exclusive only where the runtime needs it.
 
     nri-topology-aware hands isolated CPUs out only exclusively (an isolated
-    shared pool would stop being shared); the kubelet has no shared pool of
-    ours (every CPU it has not handed out is shared).
+    shared pool would stop being shared); nri-balloons finds the exclusive
+    pool by the kernel's isolated CPUs, so they must be that pool and no
+    other; the kubelet has no shared pool of ours (every CPU it has not
+    handed out is shared).
     """
-    return (EXCLUSIVE,) if runtime in (KUBELET, NRI_TOPOLOGY_AWARE) else (EXCLUSIVE, SHARED)
+    return (EXCLUSIVE,) if runtime in (KUBELET, NRI_TOPOLOGY_AWARE, NRI_BALLOONS) else (EXCLUSIVE, SHARED)
 
 
 def make_request(raw: Mapping[str, object]) -> PlanRequest:

@@ -170,6 +170,22 @@ def check_runtime(plan: Mapping, core_index: Mapping[int, int], runtime: str, ht
                         "core; set cpupools_pooler_ht_policy: singleThreaded",
                         "pooler_ht_policy",
                     )
+    if runtime == NRI_BALLOONS:
+        shared_isolated = [cpu for cpu in _pool_cpus(plan, SHARED) if cpu in isolated]
+        if shared_isolated:
+            raise PlanError(
+                f"nri-balloons finds the exclusive pool by the CPUs the kernel isolates, so with the shared pool "
+                f"({format_cpulist(shared_isolated)}) isolated too an exclusive balloon could get a shared CPU; "
+                "set cpupools_isolated_pools: [exclusive]",
+                "isolated_pools",
+            )
+        sizes = sorted({len(core) for core in _pool_cores(plan, ENI)})
+        if len(sizes) > 1:
+            raise PlanError(
+                f"nri-balloons holds each exclusive-non-isolcpus core in a balloon of one size, but the pool's "
+                f"cores have {' and '.join(map(str, sizes))} threads; give the pool cores of one kind",
+                "excl_non_isolcpus",
+            )
     if runtime == NRI_TOPOLOGY_AWARE:
         if _pool_cpus(plan, ENI):
             raise PlanError(
@@ -245,12 +261,7 @@ def render_nri(plan: Mapping, runtime: str) -> dict:
     cpuset (kube-system and the reserved-pool namespaces run there), not the
     cores no pool took: those stay the policy's to share; available: every
     CPU of the plan. topology-aware prefers isolated CPUs for exclusive
-    allocations; balloons gets one balloon type per pool: an exclusive type
-    makes a new balloon per container (``preferNewBalloons``), at most one
-    per core of the pool (``maxBalloons``) and none larger than the pool,
-    preferring isolated CPUs where the plan isolates the pool and, on a
-    hybrid node, the pool's core type (``preferCoreType``); the shared type
-    is one balloon of exactly the shared pool's size, on its core type.
+    allocations; balloons gets the balloon types of ``balloon_types``.
     """
     isolated = _isolated(plan)
     spec: dict[str, Any] = {
@@ -264,39 +275,84 @@ def render_nri(plan: Mapping, runtime: str) -> dict:
         return spec
     if runtime != NRI_BALLOONS:
         raise PlanError(f"{runtime!r} is not an nri-plugins runtime ({', '.join(NRI_RUNTIMES)})", "runtime")
-    types = []
-    for pool in (EXCLUSIVE, ENI):
-        cpus = _pool_cpus(plan, pool)
-        if cpus:
-            entry: dict[str, Any] = {
-                "name": BALLOON_TYPES[pool],
-                "maxBalloons": len(_pool_cores(plan, pool)) or len(cpus),
-                "maxCPUs": len(cpus),
-                "preferNewBalloons": True,
-                "preferIsolCpus": any(cpu in isolated for cpu in cpus),
-                "allocatorPriority": "high",
-            }
-            kind = _core_type_of(plan, cpus)
-            if kind:
-                entry["preferCoreType"] = kind
-            types.append(entry)
-    shared = _pool_cpus(plan, SHARED)
-    if shared:
-        entry = {
-            "name": BALLOON_TYPES[SHARED],
-            "minBalloons": 1,
-            "maxBalloons": 1,
-            "minCPUs": len(shared),
-            "maxCPUs": len(shared),
-            "preferIsolCpus": any(cpu in isolated for cpu in shared),
-            "allocatorPriority": "normal",
+    spec["balloonTypes"] = balloon_types(plan, spec)
+    return spec
+
+
+def balloon_types(plan: Mapping, spec: dict) -> list[dict]:
+    """Balloon types that cannot hand an exclusive workload a CPU the plan did not isolate.
+
+    The balloons policy finds isolated CPUs in ``/sys/devices/system/cpu/isolated``
+    and only *prefers* them (``preferIsolCpus``: a balloon that cannot get
+    enough takes others); no balloon type can be fenced to a cpuset. So the
+    fence is made of whole balloons: everything but the exclusive pool is
+    held by balloons of a fixed size that the policy makes at its start
+    (``minBalloons``, ``minCPUs`` = ``maxCPUs``), while every CPU is still
+    free and away from the isolated ones (which are the exclusive pool and
+    no other: ``check_runtime`` keeps the shared pool out of ``isolcpus``),
+    and never resizes: the reserved CPUs, the cores no pool took
+    (``default``, where pods without a balloon annotation go), the shared
+    pool and each exclusive-non-isolcpus core. What stays free is the
+    exclusive pool, from which the exclusive type's balloons are made, one
+    per container (``preferNewBalloons``), at most one per core. Which of the
+    fixed balloons gets which non-isolated CPU is the policy's preference
+    (the reserved cpuset, the pools' core types), not a fence.
+    """
+    isolated = _isolated(plan)
+    reserved = _reserved(plan)
+    pools = {pool: _pool_cpus(plan, pool) for pool in (EXCLUSIVE, ENI, SHARED)}
+    leftovers = sorted(set(_all_cpus(plan)) - set(reserved) - {cpu for cpus in pools.values() for cpu in cpus})
+    types: list[dict[str, Any]] = []
+    exclusive = pools[EXCLUSIVE]
+    if exclusive:
+        entry: dict[str, Any] = {
+            "name": BALLOON_TYPES[EXCLUSIVE],
+            "maxBalloons": len(_pool_cores(plan, EXCLUSIVE)) or len(exclusive),
+            "maxCPUs": len(exclusive),
+            "preferNewBalloons": True,
+            "preferIsolCpus": any(cpu in isolated for cpu in exclusive),
+            "allocatorPriority": "high",
         }
+        kind = _core_type_of(plan, exclusive)
+        if kind:
+            entry["preferCoreType"] = kind
+        types.append(entry)
+    types.append(_fixed("reserved", len(reserved)))
+    if leftovers:
+        types.append(_fixed("default", len(leftovers)))
+    shared = pools[SHARED]
+    if shared:
+        entry = _fixed(BALLOON_TYPES[SHARED], len(shared))
+        entry["preferIsolCpus"] = False
+        if not leftovers:
+            entry["namespaces"] = ["*"]  # pods without an annotation: here, not a balloon of free CPUs
         kind = _core_type_of(plan, shared)
         if kind:
             entry["preferCoreType"] = kind
         types.append(entry)
-    spec["balloonTypes"] = types
-    return spec
+    eni_cores = _pool_cores(plan, ENI)
+    if eni_cores:
+        entry = _fixed(BALLOON_TYPES[ENI], len(eni_cores[0]), count=len(eni_cores))
+        entry["preferIsolCpus"] = False
+        kind = _core_type_of(plan, pools[ENI])
+        if kind:
+            entry["preferCoreType"] = kind
+        types.append(entry)
+    if not leftovers and not shared:
+        spec["reservedPoolNamespaces"] = ["*"]  # nothing else is left for pods without an annotation
+    return types
+
+
+def _fixed(name: str, cpus: int, count: int = 1) -> dict[str, Any]:
+    """A balloon type of ``count`` balloons of exactly ``cpus`` CPUs, made when the policy starts."""
+    return {
+        "name": name,
+        "minBalloons": count,
+        "maxBalloons": count,
+        "minCPUs": cpus,
+        "maxCPUs": cpus,
+        "allocatorPriority": "normal",
+    }
 
 
 def nri_object(runtime: str, spec: Mapping, group: str, namespace: str) -> dict:

@@ -28,7 +28,8 @@ shown as "not collected" and never counts as drift.
 Drift is any difference between what is live on the node and its plan:
 
 * kernel: the CPUs the running kernel isolates (``/sys/devices/system/cpu/isolated``,
-  fact ``kernel.isolated``) differ from the plan's ``isolated_cpus``. When the
+  fact ``kernel.isolated``, or the CPUs of an ``isolcpus`` without the ``domain``
+  flag, which that file does not show) differ from the plan's ``isolated_cpus``. When the
   kernel status says a reboot is already pending, this is shown as *pending*
   (a reboot will fix it), not as drift;
 * state: the pool state directory lists pools or cpulists the plan does not
@@ -393,7 +394,7 @@ def analyse_host(entry: Mapping) -> HostView:
         _runtime(view, plan, len(cpu_pool))
     active_iso: list[int] | None = None
     if topo is not None:
-        active_iso = list(topo.kernel.isolated_active)
+        active_iso = list(topo.kernel.isolated_now)
         view.isolated_active = format_cpulist(active_iso)
         view.offline = list(topo.offline)
         view.core_types = _core_types(topo)
@@ -573,6 +574,11 @@ def _state(view: HostView, state: Mapping | None, plan: Mapping | None) -> dict[
     busy: dict[tuple[str, str], int] = {}
     if state is None:
         view.tasks_note = NOT_COLLECTED
+        return busy
+    runtime = str((plan or {}).get("runtime") or "cmk")
+    if runtime != "cmk":
+        # Only cmk isolate keeps CMK's pool state; the agent stage removes it on other runtimes.
+        view.tasks_note = f"none kept by cpupools (runtime {runtime})"
         return busy
     if state.get("present") is False:
         view.tasks_note = "state directory not written yet"
