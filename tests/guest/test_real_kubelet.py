@@ -336,12 +336,13 @@ def refused(guest: Guest, kube: RealKube, tmp_path: Path, bystander: Path) -> st
         "cpupools_reboot_simulate_command": FAKE_BOOT,
         "cpupools_kubelet_simulate_command": FAKE_KUBELET,
     }
+    # The guest keeps step 4's sizes (host vars: the bystander has one NUMA node); the fleet's change is
+    # the kubelet's alone, a restart and no reboot.
     fleet = write_inventory(
         tmp_path,
         kube,
-        {NODE: host_vars(guest), "bystander": sandbox},
-        cpupools_kubelet_topology_policy="single-numa-node",  # a kubelet-only change: a restart, no reboot
-        **RESIZED,
+        {NODE: {**host_vars(guest), **RESIZED}, "bystander": sandbox},
+        cpupools_kubelet_topology_policy="single-numa-node",
     )
     site = run(guest, "site.yml", tmp_path, fleet, "site_fleet")
     for host in (NODE, "bystander"):
