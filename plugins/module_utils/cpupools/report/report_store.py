@@ -165,7 +165,7 @@ def write(
         else:
             changed.append((record, path))
     if check_mode or not changed:
-        return [path for _, path in changed]
+        return [path for _record, path in changed]
     try:
         os.makedirs(directory, mode=0o755, exist_ok=True)
     except OSError as exc:
