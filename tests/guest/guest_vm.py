@@ -31,9 +31,9 @@ import guest_image as image
 
 #: -smp and the NUMA nodes: CPUs 0-3 (socket 0) on node 0, 4-7 (socket 1) on node 1.
 SMP = "8,sockets=2,cores=2,threads=2"
+NUMA_NODES = (("0-3", "1G"), ("4-7", "1G"))
 #: Resets after a kernel panic, per guest (Guest.watch_for_panics).
 MAX_RESETS = 2
-NUMA_NODES = (("0-3", "1G"), ("4-7", "1G"))
 SSH_TIMEOUT = 900
 SSH_OPTS = (
     "-o",
