@@ -453,6 +453,19 @@ class RealKube:
         assert 200 <= resp.status < 300, f"{method} {path}: {resp.status} {resp.body}"
         return resp.body
 
+    def bind_cluster_role(self, name: str, role: dict, user: str) -> None:
+        """Create ``role`` as the ClusterRole ``name`` and bind it to ``user`` with a ClusterRoleBinding ``name``."""
+        rbac = "/apis/rbac.authorization.k8s.io/v1"
+        self.ok("POST", f"{rbac}/clusterroles", dict(role, metadata={"name": name}))
+        binding = {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+        }
+        self.ok("POST", f"{rbac}/clusterrolebindings", binding)
+
     def get(self, path: str) -> dict | None:
         """The object at ``path``, or ``None`` when there is none (404)."""
         resp = self.request("GET", path)

@@ -275,15 +275,7 @@ def test_the_documented_rbac_is_exactly_what_retiring_two_nodes_sends(playbook, 
         'the credentials need the ClusterRole of docs/cmk-comparison.md, "The retirement\'s credentials" '
         "(bound with a ClusterRoleBinding)"
     ), res.messages()
-    real.ok("POST", f"{RBAC}/clusterroles", dict(role, metadata={"name": name}))
-    binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRoleBinding",
-        "metadata": {"name": name},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": CONTROLLER_USER}],
-    }
-    real.ok("POST", f"{RBAC}/clusterrolebindings", binding)
+    real.bind_cluster_role(name, role, CONTROLLER_USER)
     mark = real.audit_mark()
     try:
         for node, removed in ((first, node_pieces(first)), (last, node_pieces(last) + cluster_pieces())):

@@ -176,17 +176,7 @@ def controller(cluster, no_admission):
     """The ``cpupools`` user bound to docs/kubernetes.md's ClusterRole, and a kubeconfig for it."""
     real = cluster.real
     name = real.unique("cpupools")
-    role = documented_cluster_role()
-    role["metadata"] = {"name": name}
-    real.ok("POST", f"{RBAC}/clusterroles", role)
-    binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRoleBinding",
-        "metadata": {"name": name},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": CONTROLLER_USER}],
-    }
-    real.ok("POST", f"{RBAC}/clusterrolebindings", binding)
+    real.bind_cluster_role(name, documented_cluster_role(), CONTROLLER_USER)
     real.delete_crd("cpupoollayouts.cpupools.io")  # so the run creates it, as on a new cluster
     yield cluster.kubeconfig("controller.conf", token=real.controller_token)
     real.request("DELETE", f"{RBAC}/clusterrolebindings/{name}")
