@@ -139,8 +139,10 @@ def detect_version(run: Callable[[list[str]], str | None] | None = None) -> str 
             return None
 
         def run(argv: list[str]) -> str | None:
+            # A Go binary of 100 MB starts in well under a second on a server; the emulated guest
+            # of tests/guest, under load, took over 10 s, and a timeout reads as "no kubelet".
             try:
-                done = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False)
+                done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
             except (OSError, subprocess.SubprocessError):
                 return None
             return done.stdout if done.returncode == 0 else None
