@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from cpupools.core.cpulist import parse_cpulist
@@ -261,6 +262,29 @@ def test_the_kubelet_version_is_asked_of_the_node():
     assert kubelet.detect_version(lambda argv: "Kubernetes v1.36.2\n") == "1.36"
     assert kubelet.detect_version(lambda argv: None) is None
     assert kubelet.detect_version(lambda argv: "garbage") is None
+
+
+@pytest.mark.parametrize(
+    ("script", "said"),
+    [
+        ("echo 'Kubernetes v1.36.2'", None),
+        ("exec sleep 30", r"auto: .*/kubelet --version did not answer in 1 s; set cpupools_kubelet_version"),
+        ("echo 'E: no such flag' >&2; exit 2", r"--version exited 2 \(E: no such flag\); set cpupools_kubelet_version"),
+        ("echo hello", r"--version printed no version \(hello\); set cpupools_kubelet_version"),
+    ],
+)
+def test_a_kubelet_on_the_node_that_does_not_say_its_version_is_refused(tmp_path, monkeypatch, script, said):
+    """Not taken for "no kubelet": that would derive the oldest version's options for a newer kubelet."""
+    binary = tmp_path / "kubelet"
+    binary.write_text(f"#!/bin/sh\n{script}\n")
+    binary.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(kubelet, "VERSION_TIMEOUT", 1)
+    if said is None:
+        assert kubelet.detect_version() == "1.36"
+        return
+    with pytest.raises(PlanError, match=said):
+        kubelet.detect_version()
 
 
 def test_the_drop_in_is_the_same_bytes_for_the_same_config(corpus_root):

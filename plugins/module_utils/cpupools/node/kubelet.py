@@ -129,30 +129,45 @@ def version_tuple(text: str | None) -> tuple[int, int] | None:
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
+#: How long ``kubelet --version`` may take. A Go binary of 100 MB answers in well under a second on a
+#: server; the emulated guest of tests/guest, under load, took over 10 s.
+VERSION_TIMEOUT = 60
+
+
 def detect_version(run: Callable[[list[str]], str | None] | None = None) -> str | None:
-    """The node's kubelet version (``kubelet --version``: ``Kubernetes v1.36.2``); ``None`` without one."""
-    if run is None:
-        path = shutil.which("kubelet") or next(
-            (p for p in ("/usr/bin/kubelet", "/usr/local/bin/kubelet") if os.access(p, os.X_OK)), None
-        )
-        if path is None:
-            return None
+    """The node's kubelet version (``kubelet --version``: ``Kubernetes v1.36.2``); ``None`` without one.
 
-        def run(argv: list[str]) -> str | None:
-            # A Go binary of 100 MB starts in well under a second on a server; the emulated guest
-            # of tests/guest, under load, took over 10 s, and a timeout reads as "no kubelet".
-            try:
-                done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
-            except (OSError, subprocess.SubprocessError):
-                return None
-            return done.stdout if done.returncode == 0 else None
+    A kubelet that is on the node but does not say its version (it fails, hangs
+    past ``VERSION_TIMEOUT`` or prints no version) is refused (``KubeletError``):
+    taking it for no kubelet would derive the options of the oldest version,
+    which a newer kubelet may be configured to refuse.
+    """
+    if run is not None:
+        match = _VERSION.search(run(["kubelet", "--version"]) or "")
+        return match.group(1) if match else None
+    path = shutil.which("kubelet") or next(
+        (p for p in ("/usr/bin/kubelet", "/usr/local/bin/kubelet") if os.access(p, os.X_OK)), None
+    )
+    if path is None:
+        return None
+    field = "cpupools_kubelet_version"
+    unknown = "set cpupools_kubelet_version to the version of the node's kubelet"
+    try:
+        done = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=VERSION_TIMEOUT, check=False)
+    except subprocess.TimeoutExpired:
+        raise KubeletError(f"auto: {path} --version did not answer in {VERSION_TIMEOUT} s; {unknown}", field) from None
+    except OSError as exc:
+        raise KubeletError(f"auto: {path} --version could not run ({exc.strerror}); {unknown}", field) from None
+    said = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:] or ["nothing"]
+    if done.returncode != 0:
+        raise KubeletError(f"auto: {path} --version exited {done.returncode} ({said[0][:200]}); {unknown}", field)
+    match = _VERSION.search(done.stdout)
+    if not match:
+        raise KubeletError(f"auto: {path} --version printed no version ({said[0][:200]}); {unknown}", field)
+    return match.group(1)
 
-        argv = [path, "--version"]
-    else:
-        argv = ["kubelet", "--version"]
-    out = run(argv) or ""
-    match = re.search(r"v?(1\.\d+)(\.\d+)?", out)
-    return match.group(1) if match else None
+
+_VERSION = re.compile(r"v?(1\.\d+)(\.\d+)?")
 
 
 def to_policy_options(raw: object, field: str) -> str | list[str]:
