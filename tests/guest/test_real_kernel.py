@@ -17,7 +17,11 @@ node is. One scenario, in order, on one guest:
 
 It needs qemu-system-x86_64, qemu-img, mmdebstrap and root (the image build);
 without them it is skipped with the reason, or fails when
-CPUPOOLS_REQUIRE_GUEST=1 (.ci/run). scripts/test.sh runs it beside the suite.
+CPUPOOLS_REQUIRE_GUEST=1. It runs by hand (``pytest -p no:xdist -m
+bookworm_guest``, 15-20 minutes with its image cached): CI runs the same
+checks in step 6 of tests/guest/test_real_kubelet.py, on the Debian 13 guest
+that is already booted, rather than paying for a second emulated guest
+(docs/guest.md, "Cost").
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import guest_image as image
 from guest_vm import Guest, qemu_missing
 
-pytestmark = [pytest.mark.guest, pytest.mark.slow]
+pytestmark = [pytest.mark.guest, pytest.mark.bookworm_guest, pytest.mark.slow]
 
 #: The guest's CPUs: siblings (0,1) (2,3) on socket 0 (NUMA node 0) and (4,5)
 #: (6,7) on socket 1 (node 1). One infra core per NUMA node (auto) leaves two

@@ -31,10 +31,15 @@ pod as its controller would. One scenario, in order:
    cordoned, the fleet's other node (a sandbox node behind it) is not
    touched; playbooks/uninstall.yml brings the kubelet back (policy none,
    Ready);
-6. the same cluster with cpupools_runtime: cmk: a pod that asks for
-   cmk.intel.com/exclusive-cores only, completed by the MutatingAdmissionPolicy
-   (the cmk mounts, CMK_PROC_FS), runs cmk isolate --pool=exclusive and gets
-   its list.
+6. the same cluster with cpupools_runtime: cmk (what tests/guest/test_real_kernel.py
+   does on Debian 12, on this guest instead of a second one): site.yml, the
+   reboot into cmk's arguments (isolcpus with domain, nohz_full and rcu_nocbs
+   on the exclusive CPUs, irqaffinity), verify.yml with oslat and what this
+   kernel shows (the isolated and nohz_full files, the IRQs left on isolated
+   CPUs, the workqueue mask, RCU), a second site.yml that changes nothing on
+   the node; then a pod that asks for cmk.intel.com/exclusive-cores only,
+   completed by the MutatingAdmissionPolicy (the cmk mounts, CMK_PROC_FS),
+   runs cmk isolate --pool=exclusive and gets the exclusive pool's list.
 
 It needs what tests/guest/test_real_kernel.py needs, and the kubelet, etcd and
 kube-apiserver of ../shared/k8s/bin (KUBEBUILDER_ASSETS); without them it is
@@ -83,6 +88,18 @@ VERIFY = "Verify that the isolated CPUs are quiet"
 #: The operator's own kubelet configuration, read at the kubelet's next start (step 5): beta options off,
 #: which cpupools' drop-in (distribute-cpus-across-numa, beta in 1.36) cannot run with.
 OPERATORS_GATE = "featureGates:\n  CPUManagerPolicyBetaOptions: false\n"
+#: Step 6, cmk with one exclusive and one shared core (docs/kernel-args.md): exclusive core (2,3) and
+#: shared core (6,7) isolated from the scheduler's domains, the tick and RCU callbacks off the
+#: exclusive CPUs only, IRQs on the infra cores.
+CMK_ARGS = {
+    "isolcpus": "managed_irq,domain,2-3,6-7",
+    "nohz_full": "2-3",
+    "rcu_nocbs": "2-3",
+    "irqaffinity": "0-1,4-5",
+}
+#: oslat on the exclusive CPUs and one housekeeping CPU, briefly: under emulation the figures prove
+#: the pipeline, not the hardware.
+CMK_VERIFY_VARS = {"cpupools_verify_latency": True, "cpupools_verify_latency_duration": 5}
 
 
 def require(reason: str | None) -> None:
@@ -166,9 +183,15 @@ def cpus(text: str) -> set[int]:
 
 
 def kernel(guest: Guest) -> dict:
-    out = guest.ssh("cat /proc/cmdline /sys/devices/system/cpu/nohz_full").splitlines()
+    out = guest.ssh("cat /proc/cmdline /sys/devices/system/cpu/nohz_full /sys/devices/system/cpu/isolated").splitlines()
     args = dict(word.split("=", 1) for word in out[0].split() if "=" in word)
-    return {"args": args, "isolcpus": cpus(args.get("isolcpus", "").split(",", 1)[-1]), "nohz_full": cpus(out[1])}
+    return {
+        "args": args,
+        # isolcpus=[flag,...,]cpulist: the flags are words (managed_irq, domain, nohz).
+        "isolcpus": cpus(",".join(w for w in args.get("isolcpus", "").split(",") if w[:1].isdigit())),
+        "nohz_full": cpus(out[1]),
+        "isolated": cpus(out[2]),
+    }
 
 
 def node_changes(res, host: str = NODE) -> list[str]:
@@ -182,6 +205,33 @@ def node_changes(res, host: str = NODE) -> list[str]:
 
 def whole_cores(held: set[int]) -> bool:
     return all(core <= held or not core & held for core in CORES)
+
+
+def report_status(res) -> str:
+    return res.result("Render the fleet report", NODE)["hosts"][NODE]["status"]
+
+
+def assert_verified(result: dict) -> None:
+    """verify's findings on the kernel booted with cmk's arguments (docs/guest.md: what it shows, and why)."""
+    why = json.dumps({k: result.get(k) for k in ("summary", "findings")}, indent=1)[:6000]
+    assert (result["kernel"]["isolated"], result["kernel"]["nohz_full"]) == ("2-3,6-7", "2-3"), why
+    # What stays on the isolated CPUs is exactly the disk's per-queue vectors: managed IRQs with a
+    # one-CPU mask (8 queues, one per CPU), which isolcpus=managed_irq leaves in place. One each.
+    on_isolated = {irq["name"]: (irq["effective"], irq["managed"]) for irq in result["irqs"]}
+    assert all(name.startswith("virtio1-req.") and managed for name, (_, managed) in on_isolated.items()), why
+    assert sorted(int(cpu) for cpu, _ in on_isolated.values()) == [2, 3, 6, 7], why
+    # The unbound workqueues' mask is the housekeeping CPUs.
+    assert result["workqueue"]["cpumask"] == "0-1,4-5" and result["workqueue"]["ok"], why
+    assert (result["rcu"]["expected"], result["rcu"]["ok"]) == ("2-3", True), why
+    assert (result["nohz"]["expected"], result["nohz"]["active"], result["nohz"]["ok"]) == ("2-3", "2-3", True), why
+    latency = result["latency"]
+    assert latency["skipped"] is None and latency["ok"], why
+    measured = set(latency["cpus"])
+    assert {"2", "3"} <= measured and len(measured - {"2", "3"}) == 1, latency
+    assert measured - {"2", "3"} <= {"0", "1", "4", "5"}, latency
+    for cpu, figures in latency["cpus"].items():
+        assert 0 <= figures["min_us"] <= figures["p99_us"] <= figures["max_us"], (cpu, figures)
+    assert result["ok"], why
 
 
 def test_the_kubelet_runtime_on_a_real_kubelet(node, kube, tmp_path, capsys):
@@ -298,12 +348,26 @@ def test_the_kubelet_runtime_on_a_real_kubelet(node, kube, tmp_path, capsys):
         "/etc/systemd/system.conf.d/:",
     ]
 
-    # 6. The same cluster, cpupools_runtime: cmk: a pod completed by the pod injection policy runs cmk isolate.
+    # 6. The same cluster, cpupools_runtime: cmk: its kernel arguments booted, verify with oslat, a
+    #    second site.yml that changes nothing, then a pod completed by the pod injection policy runs
+    #    cmk isolate.
     cmk_inv = write_inventory(
         tmp_path, kube, {NODE: host_vars(guest)}, cpupools_runtime="cmk", cpupools_num_shared_cores=1
     )
     site = run(guest, "site.yml", tmp_path, cmk_inv, "site_cmk")
     plan = site.result("Plan the CPU pools", NODE)["plan"]
+    assert site.result("Write the kernel arguments into the boot loader configuration", NODE)["args"] == CMK_ARGS
+    run(guest, "playbooks/reboot.yml", tmp_path, cmk_inv, "reboot_cmk")
+    booted = kernel(guest)
+    assert {arg: booted["args"].get(arg) for arg in CMK_ARGS} == CMK_ARGS, booted["args"]
+    assert (booted["isolated"], booted["nohz_full"]) == ({2, 3, 6, 7}, {2, 3}), booted
+    checked = run(guest, "playbooks/verify.yml", tmp_path, cmk_inv, "verify_cmk", CMK_VERIFY_VARS)
+    assert_verified(checked.result(VERIFY, NODE))
+    again = run(guest, "site.yml", tmp_path, cmk_inv, "site_cmk_again")
+    assert node_changes(again) == [], node_changes(again)
+    # The fleet report, rendered anew: the node it showed as pending a reboot is now ok.
+    assert report_status(site) == "pending" and report_status(again) == "ok"
+
     workload = f"{kg.SHOW_CPUS}; env; exec sleep 1000000"
     isolate = ["/opt/bin/cmk", "isolate", "--pool=exclusive", "--", "sh", "-c", workload]
     asks = {"requests": {"cmk.intel.com/exclusive-cores": "1"}, "limits": {"cmk.intel.com/exclusive-cores": "1"}}
@@ -316,7 +380,7 @@ def test_the_kubelet_runtime_on_a_real_kubelet(node, kube, tmp_path, capsys):
     env = dict(line.split("=", 1) for line in printed.splitlines() if line.startswith("CMK_"))
     mine = cpus(kg.cpus_inside(guest, NS, "cmk-1", made["metadata"]["uid"]))
     assert mine == cpus(env["CMK_CPUS_ASSIGNED"]), (mine, env)
-    assert mine <= cpus(plan["pool_cpus"]["exclusive"]) and len(mine) == 2, (mine, plan["pool_cpus"])
+    assert mine == cpus(plan["pool_cpus"]["exclusive"]) == booted["nohz_full"], (mine, plan["pool_cpus"])
 
     with capsys.disabled():
         print("\nreal-kubelet guest, seconds: " + json.dumps({k: round(v) for k, v in guest.timings.items()}))

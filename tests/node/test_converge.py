@@ -85,16 +85,27 @@ def test_rendered_files_follow_the_inputs_and_are_deterministic():
     assert all(f.content.startswith(converge.HEADER) for f in default.values())
 
 
-def test_the_cpuaffinity_drop_in_is_wanted_where_the_kernel_leaves_host_processes_on_isolated_cpus():
+def test_the_cpuaffinity_drop_in_is_wanted_where_the_kernel_leaves_host_processes_on_isolated_cpus(tmp_path):
     """auto: the kubelet runtime's isolcpus=managed_irq confines nothing (the real guest's kubelet,
-    containerd and systemd ran on every CPU until the drop-in); CMK's domain flag confines init already."""
-    assert converge.desired_files(values(runtime="kubelet"), OUTPUTS, "n", 1)["cpuaffinity"].wanted is True
-    assert converge.desired_files(values(), OUTPUTS, "n", 1)["cpuaffinity"].wanted is False
-    assert converge.wants_cpuaffinity(values(isolcpus_flags=["managed_irq"])) is True
-    assert converge.wants_cpuaffinity(values(runtime="kubelet", systemd_cpuaffinity="false")) is False
-    assert converge.wants_cpuaffinity(values(systemd_cpuaffinity=True)) is True
-    files = converge.desired_files(values(), OUTPUTS, "n", 1)
+    containerd and systemd ran on every CPU until the drop-in); CMK's domain flag confines init, which
+    lasts only where the cgroup hierarchy is v1: on v2 the kubelet's enabling of the cpuset controller
+    gave systemd-udevd every CPU on the real guest, and an exclusive one to run on."""
+    v1, v2 = tmp_path / "v1", tmp_path / "v2"
+    (v2 / "sys/fs/cgroup").mkdir(parents=True)
+    (v2 / "sys/fs/cgroup/cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    v1.mkdir()
+    on_v1 = {"root": str(v1), "facts_root": str(v1)}
+    assert converge.desired_files(values(runtime="kubelet", **on_v1), OUTPUTS, "n", 1)["cpuaffinity"].wanted is True
+    assert converge.desired_files(values(**on_v1), OUTPUTS, "n", 1)["cpuaffinity"].wanted is False
+    assert converge.wants_cpuaffinity(values(isolcpus_flags=["managed_irq"], **on_v1)) is True
+    assert converge.wants_cpuaffinity(values(runtime="kubelet", systemd_cpuaffinity="false", **on_v1)) is False
+    assert converge.wants_cpuaffinity(values(systemd_cpuaffinity=True, **on_v1)) is True
+    files = converge.desired_files(values(**on_v1), OUTPUTS, "n", 1)
     assert files["cpuaffinity"].to_result()["wanted"] is False and files["irqbalance"].to_result()["wanted"] is False
+    # cgroup v2, read where the facts are read (the node's /, or the facts tree of a sandbox node).
+    assert converge.wants_cpuaffinity(values(root=str(v1), facts_root=str(v2))) is True
+    assert converge.wants_cpuaffinity(values(root=str(v2))) is True
+    assert converge.wants_cpuaffinity(values(root=str(v2), systemd_cpuaffinity="false")) is False
 
 
 def test_a_node_of_another_runtime_converges_once_nothing_of_the_agent_is_left(tmp_path):

@@ -89,14 +89,23 @@ def wants_cpuaffinity(values: Mapping) -> bool:
     """Whether the node gets the systemd ``CPUAffinity=`` drop-in (``cpupools_systemd_cpuaffinity``).
 
     ``auto``: where the kernel leaves host processes free to run on the
-    isolated CPUs, that is where ``isolcpus`` has no ``domain`` flag (the
-    kubelet runtime's ``managed_irq``): with ``domain`` the kernel starts
-    init, and so every service, on the housekeeping CPUs already.
+    isolated CPUs. That is where ``isolcpus`` has no ``domain`` flag (the
+    kubelet runtime's ``managed_irq``), and on every node with the unified
+    cgroup hierarchy (v2): ``domain`` only starts init on the housekeeping
+    CPUs, and as soon as something enables the cpuset controller (the kubelet
+    does, for its pods) the kernel gives every task of the root's children
+    their cpuset's CPUs, all of them, unless the task's affinity was asked for
+    (``sched_setaffinity``, as systemd's ``CPUAffinity=`` does; kernel 6.2 and
+    later keep that). On the Debian 13 guest with cmk's ``domain``,
+    systemd-udevd ran on an exclusive CPU after the kubelet started.
     """
     setting = values["systemd_cpuaffinity"]
     if setting != "auto":
         return bool(setting)
-    return "domain" not in resolve_isolcpus_flags(values.get("isolcpus_flags"), values.get("runtime"))
+    if "domain" not in resolve_isolcpus_flags(values.get("isolcpus_flags"), values.get("runtime")):
+        return True
+    facts_root = values.get("facts_root") or values.get("root") or "/"
+    return os.path.exists(under(facts_root, "/sys/fs/cgroup/cgroup.controllers"))
 
 
 def render_irqbalance(outputs: Mapping) -> str:
