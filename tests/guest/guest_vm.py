@@ -48,12 +48,13 @@ SSH_OPTS = (
     "BatchMode=yes",
     # A reboot leaves Ansible's ControlPersist master on a connection that qemu's user network keeps
     # open on the host side while the guest behind it is gone: a command sent over it then waited
-    # minutes (ansible.builtin.reboot's first boot_id read took 4 of its 5.5). Three unanswered
-    # keepalives, 15 s, close it, and the next command connects anew.
+    # minutes (ansible.builtin.reboot's first boot_id read took 4 of its 5.5). Four unanswered
+    # keepalives, 60 s, close it, and the next command connects anew; an emulated guest at a load of
+    # 12 answers well within that.
     "-o",
-    "ServerAliveInterval=5",
+    "ServerAliveInterval=15",
     "-o",
-    "ServerAliveCountMax=3",
+    "ServerAliveCountMax=4",
 )
 
 
@@ -227,6 +228,11 @@ class Guest:
             "ansible_ssh_common_args": " ".join(SSH_OPTS),
             "ansible_python_interpreter": "/usr/bin/python3",
             "ansible_pipelining": True,
+            # Ansible's ConnectTimeout (10 s by default) also bounds sshd's banner: beside the suite and
+            # molecule (load 12-14 on two cores) the emulated guest's sshd took longer, and the plan task
+            # of the first site.yml failed unreachable. A connection that fails is tried again.
+            "ansible_ssh_timeout": 120,
+            "ansible_ssh_retries": 3,
         }
 
 
