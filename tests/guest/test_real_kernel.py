@@ -39,6 +39,7 @@ from helpers import REPO, ansible_env, run_playbook
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import guest_image as image
+from cmk_kernel import CMK_ARGS, CMK_VERIFY_VARS, assert_verified
 from guest_vm import Guest, qemu_missing
 
 pytestmark = [pytest.mark.guest, pytest.mark.bookworm_guest, pytest.mark.slow]
@@ -49,15 +50,8 @@ pytestmark = [pytest.mark.guest, pytest.mark.bookworm_guest, pytest.mark.slow]
 #: What the guest's kernel shows about isolation, saved beside the test's other files.
 KERNEL_STATE = Path(__file__).resolve().parent / "kernel_state.sh"
 POOLS = {"cpupools_num_exclusive_cores": 1, "cpupools_num_shared_cores": 1}
-#: What the kernel stage derives from that plan (docs/kernel-args.md): exclusive
-#: core 1 (CPUs 2-3) and shared core 3 (CPUs 6-7) isolated, the tick and RCU
-#: callbacks off the exclusive CPUs only, IRQs on the infra cores.
-EXPECTED_ARGS = {
-    "isolcpus": "managed_irq,domain,2-3,6-7",
-    "nohz_full": "2-3",
-    "rcu_nocbs": "2-3",
-    "irqaffinity": "0-1,4-5",
-}
+#: What the kernel stage derives from that plan (tests/guest/cmk_kernel.py).
+EXPECTED_ARGS = CMK_ARGS
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +157,7 @@ def test_site_reboot_verify_rerun(guest, tmp_path, capsys):
     assert after["nohz_full"] == "2-3", after
 
     # 3. verify.yml on the rebooted kernel, with oslat.
-    checked = run("playbooks/verify.yml", tmp_path, inv, guest, "verify", VERIFY_VARS)
+    checked = run("playbooks/verify.yml", tmp_path, inv, guest, "verify", CMK_VERIFY_VARS)
     assert_verified(checked.result("Verify that the isolated CPUs are quiet", "guest"))
 
     # 4. A converged node: the second site.yml changes nothing.
@@ -177,39 +171,6 @@ def test_site_reboot_verify_rerun(guest, tmp_path, capsys):
 
     with capsys.disabled():
         print("\nreal-kernel guest, seconds: " + json.dumps({k: round(v) for k, v in guest.timings.items()}))
-
-
-#: oslat on the exclusive CPUs no workload holds (2-3) and one housekeeping CPU, briefly:
-#: under emulation the figures prove the pipeline, not the hardware.
-VERIFY_VARS = {"cpupools_verify_latency": True, "cpupools_verify_latency_duration": 5}
-
-
-def assert_verified(result: dict) -> None:
-    """verify's findings on this kernel (docs/guest.md: what the kernel shows, and why)."""
-    why = json.dumps({k: result.get(k) for k in ("summary", "findings")}, indent=1)[:6000]
-    assert result["kernel"]["isolated"] == "2-3,6-7", why
-    assert result["kernel"]["nohz_full"] == "2-3", why
-    # Exactly the disk's per-queue vectors of the isolated CPUs stay there: managed
-    # IRQs with a one-CPU mask, which isolcpus=managed_irq leaves in place.
-    on_isolated = {irq["name"]: (irq["effective"], irq["managed"]) for irq in result["irqs"]}
-    assert on_isolated == {
-        "virtio1-req.2": ("6", True),
-        "virtio1-req.3": ("7", True),
-        "virtio1-req.6": ("2", True),
-        "virtio1-req.7": ("3", True),
-    }, why
-    # The unbound workqueues' mask is the housekeeping CPUs (the kernel prints hex 33).
-    assert result["workqueue"]["cpumask"] == "0-1,4-5" and result["workqueue"]["ok"], why
-    assert (result["rcu"]["expected"], result["rcu"]["ok"]) == ("2-3", True), why
-    assert (result["nohz"]["expected"], result["nohz"]["active"], result["nohz"]["ok"]) == ("2-3", "2-3", True), why
-    latency = result["latency"]
-    assert latency["skipped"] is None and latency["ok"], why
-    measured = set(latency["cpus"])
-    assert {"2", "3"} <= measured and len(measured - {"2", "3"}) == 1, latency
-    assert measured - {"2", "3"} <= {"0", "1", "4", "5"}, latency
-    for cpu, figures in latency["cpus"].items():
-        assert 0 <= figures["min_us"] <= figures["p99_us"] <= figures["max_us"], (cpu, figures)
-    assert result["ok"], why
 
 
 def report_status(res) -> str:

@@ -64,6 +64,7 @@ from sysfs import CORPUS, write_tree
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import guest_image as image
 import kubelet_guest as kg
+from cmk_kernel import CMK_ARGS, CMK_VERIFY_VARS, assert_verified
 from guest_vm import Guest, qemu_missing
 
 sys.path.insert(0, str(REPO / "tests"))
@@ -88,18 +89,6 @@ VERIFY = "Verify that the isolated CPUs are quiet"
 #: The operator's own kubelet configuration, read at the kubelet's next start (step 5): beta options off,
 #: which cpupools' drop-in (distribute-cpus-across-numa, beta in 1.36) cannot run with.
 OPERATORS_GATE = "featureGates:\n  CPUManagerPolicyBetaOptions: false\n"
-#: Step 6, cmk with one exclusive and one shared core (docs/kernel-args.md): exclusive core (2,3) and
-#: shared core (6,7) isolated from the scheduler's domains, the tick and RCU callbacks off the
-#: exclusive CPUs only, IRQs on the infra cores.
-CMK_ARGS = {
-    "isolcpus": "managed_irq,domain,2-3,6-7",
-    "nohz_full": "2-3",
-    "rcu_nocbs": "2-3",
-    "irqaffinity": "0-1,4-5",
-}
-#: oslat on the exclusive CPUs and one housekeeping CPU, briefly: under emulation the figures prove
-#: the pipeline, not the hardware.
-CMK_VERIFY_VARS = {"cpupools_verify_latency": True, "cpupools_verify_latency_duration": 5}
 
 
 def require(reason: str | None) -> None:
@@ -209,29 +198,6 @@ def whole_cores(held: set[int]) -> bool:
 
 def report_status(res) -> str:
     return res.result("Render the fleet report", NODE)["hosts"][NODE]["status"]
-
-
-def assert_verified(result: dict) -> None:
-    """verify's findings on the kernel booted with cmk's arguments (docs/guest.md: what it shows, and why)."""
-    why = json.dumps({k: result.get(k) for k in ("summary", "findings")}, indent=1)[:6000]
-    assert (result["kernel"]["isolated"], result["kernel"]["nohz_full"]) == ("2-3,6-7", "2-3"), why
-    # What stays on the isolated CPUs is exactly the disk's per-queue vectors: managed IRQs with a
-    # one-CPU mask (8 queues, one per CPU), which isolcpus=managed_irq leaves in place. One each.
-    on_isolated = {irq["name"]: (irq["effective"], irq["managed"]) for irq in result["irqs"]}
-    assert all(name.startswith("virtio1-req.") and managed for name, (_, managed) in on_isolated.items()), why
-    assert sorted(int(cpu) for cpu, _ in on_isolated.values()) == [2, 3, 6, 7], why
-    # The unbound workqueues' mask is the housekeeping CPUs.
-    assert result["workqueue"]["cpumask"] == "0-1,4-5" and result["workqueue"]["ok"], why
-    assert (result["rcu"]["expected"], result["rcu"]["ok"]) == ("2-3", True), why
-    assert (result["nohz"]["expected"], result["nohz"]["active"], result["nohz"]["ok"]) == ("2-3", "2-3", True), why
-    latency = result["latency"]
-    assert latency["skipped"] is None and latency["ok"], why
-    measured = set(latency["cpus"])
-    assert {"2", "3"} <= measured and len(measured - {"2", "3"}) == 1, latency
-    assert measured - {"2", "3"} <= {"0", "1", "4", "5"}, latency
-    for cpu, figures in latency["cpus"].items():
-        assert 0 <= figures["min_us"] <= figures["p99_us"] <= figures["max_us"], (cpu, figures)
-    assert result["ok"], why
 
 
 def test_the_kubelet_runtime_on_a_real_kubelet(node, kube, tmp_path, capsys):

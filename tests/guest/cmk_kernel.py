@@ -1,0 +1,48 @@
+"""What cmk's kernel arguments do on the guests' booted kernel: one check for both guest scenarios.
+
+The Debian 13 kubelet guest (tests/guest/test_real_kubelet.py, step 6) and the
+Debian 12 guest (tests/guest/test_real_kernel.py) boot the same plan on the
+same CPUs (tests/guest/guest_vm.py): siblings (0,1) (2,3) on NUMA node 0 and
+(4,5) (6,7) on node 1, one infra core per node, one exclusive and one shared
+core. docs/guest.md says what each kernel showed.
+"""
+
+from __future__ import annotations
+
+import json
+
+#: cmk with one exclusive and one shared core on the guests' CPUs (docs/kernel-args.md): exclusive
+#: core (2,3) and shared core (6,7) isolated from the scheduler's domains, the tick and RCU callbacks
+#: off the exclusive CPUs only, IRQs on the infra cores.
+CMK_ARGS = {
+    "isolcpus": "managed_irq,domain,2-3,6-7",
+    "nohz_full": "2-3",
+    "rcu_nocbs": "2-3",
+    "irqaffinity": "0-1,4-5",
+}
+#: oslat on the exclusive CPUs and one housekeeping CPU, briefly: under emulation the figures prove
+#: the pipeline, not the hardware.
+CMK_VERIFY_VARS = {"cpupools_verify_latency": True, "cpupools_verify_latency_duration": 5}
+
+
+def assert_verified(result: dict) -> None:
+    """verify's findings on the kernel booted with cmk's arguments (docs/guest.md: what it shows, and why)."""
+    why = json.dumps({k: result.get(k) for k in ("summary", "findings")}, indent=1)[:6000]
+    assert (result["kernel"]["isolated"], result["kernel"]["nohz_full"]) == ("2-3,6-7", "2-3"), why
+    # What stays on the isolated CPUs is exactly the disk's per-queue vectors: managed IRQs with a
+    # one-CPU mask (8 queues, one per CPU), which isolcpus=managed_irq leaves in place. One each.
+    on_isolated = {irq["name"]: (irq["effective"], irq["managed"]) for irq in result["irqs"]}
+    assert all(name.startswith("virtio1-req.") and managed for name, (_, managed) in on_isolated.items()), why
+    assert sorted(int(cpu) for cpu, _ in on_isolated.values()) == [2, 3, 6, 7], why
+    # The unbound workqueues' mask is the housekeeping CPUs.
+    assert result["workqueue"]["cpumask"] == "0-1,4-5" and result["workqueue"]["ok"], why
+    assert (result["rcu"]["expected"], result["rcu"]["ok"]) == ("2-3", True), why
+    assert (result["nohz"]["expected"], result["nohz"]["active"], result["nohz"]["ok"]) == ("2-3", "2-3", True), why
+    latency = result["latency"]
+    assert latency["skipped"] is None and latency["ok"], why
+    measured = set(latency["cpus"])
+    assert {"2", "3"} <= measured and len(measured - {"2", "3"}) == 1, latency
+    assert measured - {"2", "3"} <= {"0", "1", "4", "5"}, latency
+    for cpu, figures in latency["cpus"].items():
+        assert 0 <= figures["min_us"] <= figures["p99_us"] <= figures["max_us"], (cpu, figures)
+    assert result["ok"], why
