@@ -50,8 +50,6 @@ pytestmark = [pytest.mark.guest, pytest.mark.bookworm_guest, pytest.mark.slow]
 #: What the guest's kernel shows about isolation, saved beside the test's other files.
 KERNEL_STATE = Path(__file__).resolve().parent / "kernel_state.sh"
 POOLS = {"cpupools_num_exclusive_cores": 1, "cpupools_num_shared_cores": 1}
-#: What the kernel stage derives from that plan (tests/guest/cmk_kernel.py).
-EXPECTED_ARGS = CMK_ARGS
 
 
 @pytest.fixture(scope="module")
@@ -145,13 +143,13 @@ def test_site_reboot_verify_rerun(guest, tmp_path, capsys):
     drop_in = guest.ssh("cat /etc/default/grub.d/99-cpupools.cfg")
     grub_cfg = guest.ssh("grep -c 'isolcpus=' /boot/grub/grub.cfg")
     assert int(grub_cfg) >= 1, drop_in
-    assert planned_args(first) == EXPECTED_ARGS
+    assert planned_args(first) == CMK_ARGS
 
     # 2. The product's rolling reboot: a real ansible.builtin.reboot through the guest's GRUB.
     run("playbooks/reboot.yml", tmp_path, inv, guest, "reboot")
     after = kernel_state(guest)
     save_kernel_state(guest, tmp_path / "kernel-state.txt")  # for a failing verify
-    for arg, value in EXPECTED_ARGS.items():
+    for arg, value in CMK_ARGS.items():
         assert after["args"].get(arg) == value, (arg, after["args"], drop_in)
     assert after["isolated"] == "2-3,6-7", after
     assert after["nohz_full"] == "2-3", after
