@@ -258,16 +258,29 @@ def test_policy_options_refusals_through_the_one_input_check():
         validate_inputs({"cpupools_kubelet_version": "2.1"})
 
 
-def test_the_kubelet_version_is_asked_of_the_node():
-    assert kubelet.detect_version(lambda argv: "Kubernetes v1.36.2\n") == "1.36"
-    assert kubelet.detect_version(lambda argv: None) is None
-    assert kubelet.detect_version(lambda argv: "garbage") is None
+def _kubelet(tmp_path, monkeypatch, script: str) -> None:
+    """A kubelet first on PATH that runs ``script``."""
+    binary = tmp_path / "kubelet"
+    binary.write_text(f"#!/bin/sh\n{script}\n")
+    binary.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+
+
+@pytest.mark.parametrize(("printed", "version"), [("Kubernetes v1.36.2", "1.36"), ("Kubernetes v1.34", "1.34")])
+def test_the_kubelet_version_is_asked_of_the_node(tmp_path, monkeypatch, printed, version):
+    _kubelet(tmp_path, monkeypatch, f"echo '{printed}'")
+    assert kubelet.detect_version() == version
+
+
+def test_without_a_kubelet_on_the_node_no_version_is_known(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(kubelet, "KUBELET_PATHS", (str(tmp_path / "usr/bin/kubelet"),))
+    assert kubelet.detect_version() is None
 
 
 @pytest.mark.parametrize(
     ("script", "said"),
     [
-        ("echo 'Kubernetes v1.36.2'", None),
         ("exec sleep 30", r"auto: .*/kubelet --version did not answer in 1 s; set cpupools_kubelet_version"),
         ("echo 'E: no such flag' >&2; exit 2", r"--version exited 2 \(E: no such flag\); set cpupools_kubelet_version"),
         ("echo hello", r"--version printed no version \(hello\); set cpupools_kubelet_version"),
@@ -275,14 +288,8 @@ def test_the_kubelet_version_is_asked_of_the_node():
 )
 def test_a_kubelet_on_the_node_that_does_not_say_its_version_is_refused(tmp_path, monkeypatch, script, said):
     """Not taken for "no kubelet": that would derive the oldest version's options for a newer kubelet."""
-    binary = tmp_path / "kubelet"
-    binary.write_text(f"#!/bin/sh\n{script}\n")
-    binary.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    _kubelet(tmp_path, monkeypatch, script)
     monkeypatch.setattr(kubelet, "VERSION_TIMEOUT", 1)
-    if said is None:
-        assert kubelet.detect_version() == "1.36"
-        return
     with pytest.raises(PlanError, match=said):
         kubelet.detect_version()
 

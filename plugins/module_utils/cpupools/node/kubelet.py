@@ -134,7 +134,11 @@ def version_tuple(text: str | None) -> tuple[int, int] | None:
 VERSION_TIMEOUT = 60
 
 
-def detect_version(run: Callable[[list[str]], str | None] | None = None) -> str | None:
+#: Where a kubelet outside PATH is looked for (kubeadm's packages install /usr/bin/kubelet).
+KUBELET_PATHS = ("/usr/bin/kubelet", "/usr/local/bin/kubelet")
+
+
+def detect_version() -> str | None:
     """The node's kubelet version (``kubelet --version``: ``Kubernetes v1.36.2``); ``None`` without one.
 
     A kubelet that is on the node but does not say its version (it fails, hangs
@@ -142,12 +146,7 @@ def detect_version(run: Callable[[list[str]], str | None] | None = None) -> str 
     taking it for no kubelet would derive the options of the oldest version,
     which a newer kubelet may be configured to refuse.
     """
-    if run is not None:
-        match = _VERSION.search(run(["kubelet", "--version"]) or "")
-        return match.group(1) if match else None
-    path = shutil.which("kubelet") or next(
-        (p for p in ("/usr/bin/kubelet", "/usr/local/bin/kubelet") if os.access(p, os.X_OK)), None
-    )
+    path = shutil.which("kubelet") or next((p for p in KUBELET_PATHS if os.access(p, os.X_OK)), None)
     if path is None:
         return None
     field = "cpupools_kubelet_version"
