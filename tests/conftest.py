@@ -14,7 +14,7 @@ from sysfs import CORPUS, Spec, write_tree
 #: cost the suite minutes. So these start first, then every other ``slow``
 #: test (real playbook runs), then the quick ones fill the gaps at the end.
 #:
-#: The first, test_converged's fleet of 20 hosts, stays one item: its
+#: The first, test_converged's fleet (12 hosts since, 20 then), stays one item: its
 #: ansible-playbook runs with 4 forks and keeps about 1.5 cores busy on its own
 #: (alone, pytest without -n: 412 s, 636 CPU-s). Split into two fleets of
 #: every other shape, one per worker (-n 2), it took 476 s on both workers and
@@ -25,6 +25,7 @@ LONGEST = (
     "tests/agent/test_state_crash.py::test_a_kill_at_any_system_call",
     "tests/playbook/test_check_mode.py::test_fresh_rerun_resize_uninstall",
     "tests/playbook/test_kubelet_playbook.py::test_kubelet_runtime_end_to_end",
+    "tests/playbook/test_reboot.py::test_rollout_reboots_verifies_and_readmits",
     "tests/cluster/test_migrate_playbook.py::test_migrate_in_check_mode",
     "tests/agent/test_isolate_shell.py::test_role_writes_the_node_default",
     "tests/playbook/test_hugepages_playbook.py::test_check_then_converge",

@@ -22,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -91,6 +92,8 @@ class Guest:
         self.proc: subprocess.Popen | None = None
         #: Kernel panics the watcher answered with a reset (emulation faults; see watch_for_panics).
         self.resets = 0
+        #: The test's shared SSH connection (ssh_argv): a short path, as a socket's must be.
+        self.control = Path(tempfile.mkdtemp(prefix="cpupools-ssh-"))
 
     def argv(self) -> list[str]:
         argv = [
@@ -98,8 +101,14 @@ class Guest:
             # No default floppy, CD-ROM drive, parallel port or NIC: fewer devices for the guest to probe
             # at each boot (its udev loaded floppy, sr_mod, parport_pc under emulation).
             "-nodefaults",
+            # One host thread for all eight vCPUs. Beside the suite on two cores, eight vCPU threads
+            # preempted while holding a guest lock left the others spinning on it: each emulated step
+            # took 3-5x its time alone, against 2.3-3x for the suite's own tests. One thread also bounds
+            # the guest to one core, and has none of the multi-threaded emulation's boot faults
+            # (watch_for_panics) to answer. Alone it boots in 83 s where eight threads took 64 s, with 15 % less
+            # CPU (86 s against 101 s); docs/guest.md, "Cost".
             "-accel",
-            "tcg,thread=multi",
+            "tcg,thread=single",
             "-cpu",
             "max,vendor=GenuineIntel",
             "-smp",
@@ -149,7 +158,11 @@ class Guest:
         raise RuntimeError("qemu could not bind a free port for SSH in 5 tries")
 
     def ssh_argv(self, *command: str) -> list[str]:
-        return ["ssh", *SSH_OPTS, "-i", str(self.key), "-p", str(self.port), "root@127.0.0.1", *command]
+        # The test's own commands share one connection: a new one costs the emulated guest's sshd
+        # 1.5-2 s of key exchange (0.15 s over the shared one). It ends 30 s after its last command, so
+        # that no command waits on a connection the guest dropped when a playbook rebooted it.
+        shared = ("-o", "ControlMaster=auto", "-o", f"ControlPath={self.control}/%C", "-o", "ControlPersist=30")
+        return ["ssh", *SSH_OPTS, *shared, "-i", str(self.key), "-p", str(self.port), "root@127.0.0.1", *command]
 
     def ssh(self, command: str, timeout: float = 120) -> str:
         proc = subprocess.run(self.ssh_argv(command), capture_output=True, text=True, timeout=timeout, check=False)
@@ -188,7 +201,8 @@ class Guest:
     def watch_for_panics(self, proc: subprocess.Popen) -> None:
         """Reset the guest when its kernel panics while booting, at most MAX_RESETS times.
 
-        Multi-threaded TCG now and then runs a boot into an oops in code the
+        Multi-threaded TCG (one host thread per vCPU, as the guests ran until
+        they moved to one thread) now and then ran a boot into an oops in code the
         kernel is patching on another vCPU (``Oops: int3`` in early boot, seen
         once in some dozens of boots on a loaded machine): a fault of the
         emulation, which would otherwise hold the scenario until its reboot
@@ -214,6 +228,7 @@ class Guest:
                     time.sleep(1)
 
     def stop(self) -> None:
+        shutil.rmtree(self.control, ignore_errors=True)  # the master exits 30 s after its last command
         if self.proc is None or self.proc.poll() is not None:
             return
         os.killpg(self.proc.pid, signal.SIGKILL)  # its own session: qemu and nothing else

@@ -64,7 +64,7 @@ from sysfs import CORPUS, write_tree
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import guest_image as image
 import kubelet_guest as kg
-from cmk_kernel import CMK_ARGS, CMK_VERIFY_VARS, assert_verified
+from cmk_kernel import CMK_ARGS, CMK_VERIFY_VARS
 from guest_vm import Guest, qemu_missing
 
 sys.path.insert(0, str(REPO / "tests"))
@@ -249,11 +249,19 @@ def test_the_kubelet_runtime_on_a_real_kubelet(node, kube, tmp_path, capsys):
     strays = [p for p in host_side if not cpus(p["allowed"]) <= RESERVED]
     assert strays == [], strays  # the kubelet, containerd and every service on the housekeeping CPUs only
 
-    checked = run(guest, "playbooks/verify.yml", tmp_path, inv, "verify")
+    # With oslat, briefly (under emulation the figures prove the pipeline, not the hardware): the
+    # exclusive CPUs no pod holds and one housekeeping CPU are measured, the pod's CPUs left alone.
+    checked = run(guest, "playbooks/verify.yml", tmp_path, inv, "verify", CMK_VERIFY_VARS)
     result = checked.result(VERIFY, NODE)
     holder = f"kubelet {g['metadata']['uid']}/app"
     assert {result["per_cpu"][str(cpu)]["held_by"] for cpu in held} == {holder}, result["per_cpu"]
     assert result["ok"], json.dumps(result["findings"])[:4000]
+    latency = result["latency"]
+    measured = {int(cpu) for cpu in latency["cpus"]}
+    assert latency["skipped"] is None and latency["ok"] and cpus(latency["left_out"]) == held, latency
+    assert measured - RESERVED == KUBELETS - held and len(measured & RESERVED) == 1, latency
+    for cpu, figures in latency["cpus"].items():
+        assert 0 <= figures["min_us"] <= figures["p99_us"] <= figures["max_us"], (cpu, figures)
     # A stray: a host process pinned onto the pod's CPUs, waking up now and then.
     script = "#!/bin/sh\nwhile :; do sleep 1; done\n"
     guest.ssh(
@@ -269,6 +277,7 @@ def test_the_kubelet_runtime_on_a_real_kubelet(node, kube, tmp_path, capsys):
     # 4. A change of the pool sizes, rolled out: the pods are evicted, the kubelet comes up, the pod runs again.
     resized = write_inventory(tmp_path, kube, {NODE: host_vars(guest)}, **RESIZED)
     site = run(guest, "site.yml", tmp_path, resized, "site_resized")
+    assert report_status(site) == "pending"  # the fleet report: a reboot to come
     assert site.result(PODS_CAN_USE, NODE)["msg"] == [
         f"host {NODE}: kubelet 1.36: pods can use 6 of 8 CPUs; reservedSystemCPUs 0-1 "
         "(the housekeeping CPUs of 2 NUMA node(s))"
@@ -294,6 +303,7 @@ def test_the_kubelet_runtime_on_a_real_kubelet(node, kube, tmp_path, capsys):
     ), "CPUAffinity follows the resize"
     again = run(guest, "site.yml", tmp_path, resized, "site_again")
     assert node_changes(again) == [], node_changes(again)
+    assert report_status(again) == "ok"  # rendered anew: rebooted and verified
 
     # 5. A drop-in the kubelet refuses, rolled out over a fleet: the rollout stops at this node.
     bystander = tmp_path / "bystander"
@@ -314,25 +324,17 @@ def test_the_kubelet_runtime_on_a_real_kubelet(node, kube, tmp_path, capsys):
         "/etc/systemd/system.conf.d/:",
     ]
 
-    # 6. The same cluster, cpupools_runtime: cmk: its kernel arguments booted, verify with oslat, a
-    #    second site.yml that changes nothing, then a pod completed by the pod injection policy runs
-    #    cmk isolate.
+    # 6. The same cluster, cpupools_runtime: cmk: site.yml writes cmk's kernel arguments and its pool
+    #    state; a pod completed by the pod injection policy runs cmk isolate on the kernel step 4 booted
+    #    (cmk hands out its pools' CPUs whatever the kernel isolated; cmk's own arguments booted and
+    #    verified with oslat are tests/guest/test_real_kernel.py's, by hand: docs/guest.md, "Cost").
     cmk_inv = write_inventory(
         tmp_path, kube, {NODE: host_vars(guest)}, cpupools_runtime="cmk", cpupools_num_shared_cores=1
     )
     site = run(guest, "site.yml", tmp_path, cmk_inv, "site_cmk")
     plan = site.result("Plan the CPU pools", NODE)["plan"]
     assert site.result("Write the kernel arguments into the boot loader configuration", NODE)["args"] == CMK_ARGS
-    run(guest, "playbooks/reboot.yml", tmp_path, cmk_inv, "reboot_cmk")
-    booted = kernel(guest)
-    assert {arg: booted["args"].get(arg) for arg in CMK_ARGS} == CMK_ARGS, booted["args"]
-    assert (booted["isolated"], booted["nohz_full"]) == ({2, 3, 6, 7}, {2, 3}), booted
-    checked = run(guest, "playbooks/verify.yml", tmp_path, cmk_inv, "verify_cmk", CMK_VERIFY_VARS)
-    assert_verified(checked.result(VERIFY, NODE))
-    again = run(guest, "site.yml", tmp_path, cmk_inv, "site_cmk_again")
-    assert node_changes(again) == [], node_changes(again)
-    # The fleet report, rendered anew: the node it showed as pending a reboot is now ok.
-    assert report_status(site) == "pending" and report_status(again) == "ok"
+    assert report_status(site) == "pending"
 
     workload = f"{kg.SHOW_CPUS}; env; exec sleep 1000000"
     isolate = ["/opt/bin/cmk", "isolate", "--pool=exclusive", "--", "sh", "-c", workload]
@@ -346,7 +348,7 @@ def test_the_kubelet_runtime_on_a_real_kubelet(node, kube, tmp_path, capsys):
     env = dict(line.split("=", 1) for line in printed.splitlines() if line.startswith("CMK_"))
     mine = cpus(kg.cpus_inside(guest, NS, "cmk-1", made["metadata"]["uid"]))
     assert mine == cpus(env["CMK_CPUS_ASSIGNED"]), (mine, env)
-    assert mine == cpus(plan["pool_cpus"]["exclusive"]) == booted["nohz_full"], (mine, plan["pool_cpus"])
+    assert mine == cpus(plan["pool_cpus"]["exclusive"]) and mine <= booted["isolated"], (mine, plan["pool_cpus"])
 
     with capsys.disabled():
         print("\nreal-kubelet guest, seconds: " + json.dumps({k: round(v) for k, v in guest.timings.items()}))
