@@ -1,10 +1,12 @@
-"""What cmk's kernel arguments do on the guests' booted kernel: one check for both guest scenarios.
+"""What cmk's kernel arguments do on a guest's booted kernel (tests/guest/test_real_kernel.py).
 
-The Debian 13 kubelet guest (tests/guest/test_real_kubelet.py, step 6) and the
-Debian 12 guest (tests/guest/test_real_kernel.py) boot the same plan on the
-same CPUs (tests/guest/guest_vm.py): siblings (0,1) (2,3) on NUMA node 0 and
-(4,5) (6,7) on node 1, one infra core per node, one exclusive and one shared
-core. docs/guest.md says what each kernel showed.
+The Debian 12 guest boots the plan below on its CPUs (tests/guest/guest_vm.py):
+siblings (0,1) (2,3) on NUMA node 0 and (4,5) (6,7) on node 1, one infra core
+per node, one exclusive and one shared core. The Debian 13 kubelet guest
+(tests/guest/test_real_kubelet.py, step 6) writes the same arguments
+(``CMK_ARGS``) and measures with the same oslat settings (``CMK_VERIFY_VARS``)
+on the kubelet's boot; it booted cmk's arguments too until CI's time ruled a
+third reboot out, and docs/guest.md keeps what its 6.12 kernel showed then.
 """
 
 from __future__ import annotations

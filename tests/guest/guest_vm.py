@@ -101,14 +101,11 @@ class Guest:
             # No default floppy, CD-ROM drive, parallel port or NIC: fewer devices for the guest to probe
             # at each boot (its udev loaded floppy, sr_mod, parport_pc under emulation).
             "-nodefaults",
-            # One host thread for all eight vCPUs. Beside the suite on two cores, eight vCPU threads
-            # preempted while holding a guest lock left the others spinning on it: each emulated step
-            # took 3-5x its time alone, against 2.3-3x for the suite's own tests. One thread also bounds
-            # the guest to one core, and has none of the multi-threaded emulation's boot faults
-            # (watch_for_panics) to answer. Alone it boots in 83 s where eight threads took 64 s, with 15 % less
-            # CPU (86 s against 101 s); docs/guest.md, "Cost".
+            # One host thread per vCPU. One thread for all eight (thread=single) used 15 % less CPU alone
+            # but beside the suite got a third of a core: a single thread is one task among a dozen for
+            # the scheduler. scripts/test.sh runs the guest's job at a higher priority instead.
             "-accel",
-            "tcg,thread=single",
+            "tcg,thread=multi",
             "-cpu",
             "max,vendor=GenuineIntel",
             "-smp",
@@ -201,8 +198,7 @@ class Guest:
     def watch_for_panics(self, proc: subprocess.Popen) -> None:
         """Reset the guest when its kernel panics while booting, at most MAX_RESETS times.
 
-        Multi-threaded TCG (one host thread per vCPU, as the guests ran until
-        they moved to one thread) now and then ran a boot into an oops in code the
+        Multi-threaded TCG now and then runs a boot into an oops in code the
         kernel is patching on another vCPU (``Oops: int3`` in early boot, seen
         once in some dozens of boots on a loaded machine): a fault of the
         emulation, which would otherwise hold the scenario until its reboot

@@ -18,10 +18,11 @@ node is. One scenario, in order, on one guest:
 It needs qemu-system-x86_64, qemu-img, mmdebstrap and root (the image build);
 without them it is skipped with the reason, or fails when
 CPUPOOLS_REQUIRE_GUEST=1. It runs by hand (``pytest -p no:xdist -m
-bookworm_guest``, 15-20 minutes with its image cached): CI runs the same
-checks in step 6 of tests/guest/test_real_kubelet.py, on the Debian 13 guest
-that is already booted, rather than paying for a second emulated guest
-(docs/guest.md, "Cost").
+bookworm_guest``, 15-20 minutes with its image cached): CI runs the kubelet
+guest of tests/guest/test_real_kubelet.py only (its kernel boots the kubelet's
+arguments, its verify runs oslat; cmk's arguments are written there, not
+booted), rather than paying for a second emulated guest or a third reboot
+(docs/guest.md, "What it costs").
 """
 
 from __future__ import annotations

@@ -20,26 +20,28 @@ pod as its controller would. One scenario, in order:
    kubelet's shared set (no reserved CPU: strict-cpu-reservation; no CPU the
    Guaranteed pod holds); the kubelet, containerd and every host service run
    on the reserved CPUs only; verify.yml passes with the Guaranteed pod
-   running (its holder found in cpu_manager_state) and fails, naming the
-   process, for a stray pinned onto the pod's CPUs;
+   running (its holder found in cpu_manager_state), oslat measuring the
+   exclusive CPUs it does not hold and one housekeeping CPU, and fails, naming
+   the process, for a stray pinned onto the pod's CPUs;
 4. a change of the pool sizes rolled out: the drain evicts the pods, the
    kubelet comes up without refusing its state, the recreated Guaranteed pod
-   runs on the new exclusive set; a second site.yml changes nothing on the node;
+   runs on the new exclusive set; a second site.yml changes nothing on the node,
+   and the fleet report that showed the node pending its reboot shows it ok;
 5. a drop-in the kubelet refuses (the operator's own kubelet configuration
    turned the static policy's beta options off, and cpupools' drop-in asks
    for one): the rollout stops at this node with the kubelet's own message, the node stays
    cordoned, the fleet's other node (a sandbox node behind it) is not
    touched; playbooks/uninstall.yml brings the kubelet back (policy none,
    Ready);
-6. the same cluster with cpupools_runtime: cmk (what tests/guest/test_real_kernel.py
-   does on Debian 12, on this guest instead of a second one): site.yml, the
-   reboot into cmk's arguments (isolcpus with domain, nohz_full and rcu_nocbs
-   on the exclusive CPUs, irqaffinity), verify.yml with oslat and what this
-   kernel shows (the isolated and nohz_full files, the IRQs left on isolated
-   CPUs, the workqueue mask, RCU), a second site.yml that changes nothing on
-   the node; then a pod that asks for cmk.intel.com/exclusive-cores only,
-   completed by the MutatingAdmissionPolicy (the cmk mounts, CMK_PROC_FS),
-   runs cmk isolate --pool=exclusive and gets the exclusive pool's list.
+6. the same cluster with cpupools_runtime: cmk: site.yml writes cmk's kernel
+   arguments (isolcpus with domain, nohz_full and rcu_nocbs on the exclusive
+   CPUs, irqaffinity) and its pool state; a pod that asks for
+   cmk.intel.com/exclusive-cores only, completed by the MutatingAdmissionPolicy
+   (the cmk mounts, CMK_PROC_FS), runs cmk isolate --pool=exclusive and gets
+   the exclusive pool's list, on CPUs step 4's kernel isolated. cmk's own
+   arguments booted and verified are tests/guest/test_real_kernel.py's, on
+   Debian 12, by hand: a third reboot here cost CI more than it could give
+   (docs/guest.md, "What it costs").
 
 It needs what tests/guest/test_real_kernel.py needs, and the kubelet, etcd and
 kube-apiserver of ../shared/k8s/bin (KUBEBUILDER_ASSETS); without them it is
