@@ -142,7 +142,9 @@ beside molecule molecule_job "$@"
 # emulated machine), so it runs at a higher priority (nice -10, root only: the
 # image build needs root anyway): qemu, the Ansible run that drives the guest
 # and the control plane it joined take the CPU they ask for, and the suite the
-# rest. At the same priority the guest's steps took 3-5x their time alone
+# rest (qemu stays in this job's session: the kernel's autogroups weigh a
+# session as a whole, so a nice value counts only against the session's other
+# processes). At the same priority the guest's steps took 3-5x their time alone
 # beside the suite and molecule, the whole run 87 minutes (docs/guest.md).
 guest_job() {
     renice -n -10 -p "$BASHPID" >/dev/null 2>&1 || true # what this job starts inherits it
