@@ -140,8 +140,12 @@ beside molecule molecule_job "$@"
 #
 # It is the longest chain of the run (each step waits on the one before, in an
 # emulated machine), so it runs first in line for the CPU: in a session of its
-# own whose autogroup has nice -10 (root only; the image build needs root
-# anyway). The kernel's autogroups (/proc/sys/kernel/sched_autogroup_enabled)
+# own whose autogroup has nice -5 (root only; the image build needs root
+# anyway): three times the weight of the suite's session or a molecule
+# container's, about what the guest asks for when it works (one busy vCPU and
+# the kubelet's loops); at -10 (nine times) its boots and oslat's busy loops
+# starved the suite, and a test whose workload outlived a playbook run by a
+# minute saw it end. The kernel's autogroups (/proc/sys/kernel/sched_autogroup_enabled)
 # share the CPU between sessions first, and a nice value counts only within
 # its session: qemu, the Ansible runs that drive the guest and the test all
 # inherit the session. At the suite's priority, qemu in a session of its own
@@ -151,7 +155,7 @@ beside molecule molecule_job "$@"
 guest_session=$(mktemp)
 guest_job() {
     # shellcheck disable=SC2016 # $0 and $$ are the new session's shell's
-    setsid --wait sh -c 'echo $$ >"$0"; echo -10 >/proc/self/autogroup 2>/dev/null; exec "$@"' "$guest_session" \
+    setsid --wait sh -c 'echo $$ >"$0"; echo -5 >/proc/self/autogroup 2>/dev/null; exec "$@"' "$guest_session" \
         "$bin/python" -m pytest -p no:xdist -m kubelet_guest -rs --durations=0 "$@"
 }
 beside guest guest_job "$@"

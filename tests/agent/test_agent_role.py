@@ -69,8 +69,8 @@ def test_absent_refuses_with_live_tasks_then_removes_everything(playbook, tmp_pa
     root = tmp_path / "root"
     assert playbook(PLAY, role_vars(root)).rc == 0
     conf = root / "etc/cmk"
-    holder = subprocess.Popen(
-        [str(root / "opt/bin/cmk"), "isolate", f"--conf-dir={conf}", "--pool=exclusive", "sleep", "60"],
+    holder = subprocess.Popen(  # it outlives any run of the playbook, however loaded the machine (killed below)
+        [str(root / "opt/bin/cmk"), "isolate", f"--conf-dir={conf}", "--pool=exclusive", "sleep", "3600"],
         env=agent_env(),
         start_new_session=True,
     )

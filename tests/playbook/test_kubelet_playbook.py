@@ -325,7 +325,8 @@ def test_switching_a_cmk_node_to_the_kubelet_removes_the_agent_and_waits_for_its
     assert playbook(REPO / "site.yml", extra, inventory=local).rc == 0
     conf = sandbox / "etc/cmk"
     cmk = str(sandbox / "opt/bin/cmk")
-    argv = [cmk, "isolate", f"--conf-dir={conf}", "--pool=exclusive", "--no-affinity", "sleep", "60"]
+    # The holder outlives any run of the playbook, however loaded the machine (killed below).
+    argv = [cmk, "isolate", f"--conf-dir={conf}", "--pool=exclusive", "--no-affinity", "sleep", "3600"]
     holder = subprocess.Popen(argv, start_new_session=True)
     try:
         deadline = time.monotonic() + 20
