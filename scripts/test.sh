@@ -155,7 +155,7 @@ beside molecule molecule_job "$@"
 guest_session=$(mktemp)
 guest_job() {
     # shellcheck disable=SC2016 # $0 and $$ are the new session's shell's
-    setsid --wait sh -c 'echo $$ >"$0"; echo -5 >/proc/self/autogroup 2>/dev/null; exec "$@"' "$guest_session" \
+    setsid --wait sh -c 'echo $$ >"$0"; echo -5 2>/dev/null >/proc/self/autogroup; exec "$@"' "$guest_session" \
         "$bin/python" -m pytest -p no:xdist -m kubelet_guest -rs --durations=0 "$@"
 }
 beside guest guest_job "$@"
