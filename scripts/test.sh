@@ -139,19 +139,17 @@ beside molecule molecule_job "$@"
 # failure.
 #
 # It is the longest chain of the run (each step waits on the one before, in an
-# emulated machine), so it runs first in line for the CPU: in a session of its
+# emulated machine), so it comes first for the CPU: it runs in a session of its
 # own whose autogroup has nice -5 (root only; the image build needs root
-# anyway): three times the weight of the suite's session or a molecule
-# container's, about what the guest asks for when it works (one busy vCPU and
-# the kubelet's loops); at -10 (nine times) its boots and oslat's busy loops
-# starved the suite, and a test whose workload outlived a playbook run by a
-# minute saw it end. The kernel's autogroups (/proc/sys/kernel/sched_autogroup_enabled)
-# share the CPU between sessions first, and a nice value counts only within
-# its session: qemu, the Ansible runs that drive the guest and the test all
-# inherit the session. At the suite's priority, qemu in a session of its own
-# weighed as much as the suite's session or a molecule container's, and got a
-# third of the two cores: each guest step took 3-5x its time alone and the
-# run 87 minutes (docs/guest.md).
+# anyway), and qemu, the Ansible runs that drive the guest and the test share
+# it. The kernel's autogroups (/proc/sys/kernel/sched_autogroup_enabled) share
+# the CPU between sessions first; a nice value counts only within a session.
+# -5 is three times the weight of the suite's session or of a molecule
+# container's, about what the guest asks for while it works (one busy vCPU and
+# the kubelet's loops). With qemu in a session of its own at the suite's weight
+# it got a third of the two cores, each guest step took 3-5x its time alone
+# and the run 87 minutes; at -10 the guest's boots and oslat's busy loops
+# starved the suite (docs/guest.md).
 guest_session=$(mktemp)
 guest_job() {
     # shellcheck disable=SC2016 # $0 and $$ are the new session's shell's

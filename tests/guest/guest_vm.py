@@ -142,11 +142,10 @@ class Guest:
         )
         for _ in range(5):  # a port taken between free_port() and qemu's bind: try another
             self.port = free_port()
-            # A process group of its own (stop() kills it whole), in the test's session: with the
-            # scheduler's autogroups a session of its own would be one group among the run's sessions,
-            # whatever its nice value (scripts/test.sh gives the guest's job -10): beside the suite and
-            # molecule's containers it got a third of the two cores, and python3 -c pass in the guest
-            # took 1.3-1.6 s instead of 0.3.
+            # A process group of its own (stop() kills it whole), in the test's session, whose autogroup
+            # scripts/test.sh weighs (nice -5): the scheduler shares the CPU between sessions first, and
+            # in a session of its own qemu weighed as any other, got a third of the two cores beside the
+            # suite and molecule's containers, and python3 -c pass in the guest took 1.3-1.6 s, not 0.3.
             self.proc = subprocess.Popen(self.argv(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, process_group=0)
             time.sleep(1)
             if self.proc.poll() is None:
