@@ -134,9 +134,8 @@ beside molecule molecule_job "$@"
 # guest of tests/guest/test_real_kernel.py (cmk's own kernel arguments booted
 # and verified) runs by hand (-m bookworm_guest): a second emulated guest, or a
 # third reboot of this one, cost CI more than its two cores can give
-# (docs/guest.md). Without qemu the scenario is
-# skipped, saying so, unless CPUPOOLS_REQUIRE_GUEST=1 (.ci/run) makes that a
-# failure.
+# (docs/guest.md). Without qemu the scenario is skipped, saying so, unless
+# CPUPOOLS_REQUIRE_GUEST=1 (.ci/run) makes that a failure.
 #
 # It is the longest chain of the run (each step waits on the one before, in an
 # emulated machine), so it comes first for the CPU: it runs in a session of its

@@ -329,7 +329,7 @@ def test_the_kubelet_runtime_on_a_real_kubelet(node, kube, tmp_path, capsys):
     # 6. The same cluster, cpupools_runtime: cmk: site.yml writes cmk's kernel arguments and its pool
     #    state; a pod completed by the pod injection policy runs cmk isolate on the kernel step 4 booted
     #    (cmk hands out its pools' CPUs whatever the kernel isolated; cmk's own arguments booted and
-    #    verified with oslat are tests/guest/test_real_kernel.py's, by hand: docs/guest.md, "Cost").
+    #    verified with oslat are tests/guest/test_real_kernel.py's, by hand: docs/guest.md, "What it costs").
     cmk_inv = write_inventory(
         tmp_path, kube, {NODE: host_vars(guest)}, cpupools_runtime="cmk", cpupools_num_shared_cores=1
     )
