@@ -20,6 +20,17 @@ export ANSIBLE_CONFIG="$PWD/ansible.cfg"
 
 step() { printf '\n== %s\n' "$*"; }
 
+# What the run costs, in its log: each job's CPU time (its processes and every
+# child they waited for, qemu's included; not the molecule containers, which
+# podman's conmon starts) in a "cpu:" line at its end, and at the very end the
+# machine's busy CPU-seconds against its cores x the wall time. The run's
+# budget (README, "Testing") is in CPU-seconds first: on two cores the jobs
+# beside each other finish together only when their sum fits.
+TIMEFORMAT='cpu: %U s user + %S s system in %R s'
+busy_ticks() { awk '/^cpu /{print $2 + $3 + $4 + $7 + $8 + $9}' /proc/stat; }
+run_started=$SECONDS
+run_ticks=$(busy_ticks)
+
 step "system packages"
 ./scripts/setup-system.sh
 step "virtual environment"
@@ -76,7 +87,7 @@ beside() {
     local name=$1
     shift
     job_log[$name]=$(mktemp)
-    "$@" >"${job_log[$name]}" 2>&1 &
+    { time "$@"; } >"${job_log[$name]}" 2>&1 &
     job_pid[$name]=$!
     jobs_beside+=("$name")
 }
@@ -169,7 +180,7 @@ trap 'sid=$(cat "$guest_session" 2>/dev/null); [ -z "$sid" ] || pkill -TERM -s "
 
 step "tests (beside them, in the background: ${jobs_beside[*]})"
 rc=0
-"$bin/python" -m pytest -n "${CPUPOOLS_TEST_JOBS:-2}" -m "not molecule and not pidreuse and not oldest_core and not guest" "$@" || rc=$?
+{ time "$bin/python" -m pytest -n "${CPUPOOLS_TEST_JOBS:-2}" -m "not molecule and not pidreuse and not oldest_core and not guest" --durations=30 "$@"; } || rc=$?
 
 finish lint "lint: ansible-lint, module docs: ansible-doc" "0"
 finish pidreuse "CMK v1.4 interleaving, in a PID namespace of its own" "0 5"
@@ -177,5 +188,8 @@ finish oldest_core "the installed collection on the oldest supported ansible-cor
 finish molecule "molecule platform and scenarios" "0 5"
 finish guest "the real-kernel scenario in a qemu guest (Debian 13: the real kubelet, then cmk)" "0 5"
 rm -f "$guest_session"
+step "cost"
+awk -v busy="$(($(busy_ticks) - run_ticks))" -v hz="$(getconf CLK_TCK)" -v wall="$((SECONDS - run_started))" -v cores="$(nproc)" \
+    'BEGIN { printf "the machine: %d CPU-seconds busy in %d s of wall time (%d cores: %d available)\n", busy / hz, wall, cores, wall * cores }'
 [ "$rc" = 0 ] || exit "$rc"
 exit "$failed"
