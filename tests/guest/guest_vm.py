@@ -101,11 +101,13 @@ class Guest:
             # No default floppy, CD-ROM drive, parallel port or NIC: fewer devices for the guest to probe
             # at each boot (its udev loaded floppy, sr_mod, parport_pc under emulation).
             "-nodefaults",
-            # One host thread per vCPU. One thread for all eight (thread=single) used 15 % less CPU alone
-            # but beside the suite got a third of a core: a single thread is one task among a dozen for
-            # the scheduler. scripts/test.sh runs the guest's job at a higher priority instead.
+            # One host thread for all eight vCPUs. With one thread per vCPU (thread=multi) the kernel's
+            # code patching at boot (int3 breakpoints while a static key or an alternative is rewritten)
+            # ran into stale translations on another vCPU: "Oops: int3" in 3 of 4 boots of a run on a
+            # loaded machine. One thread sees every code write at once, and uses ~35 % less CPU per boot
+            # (docs/guest.md); scripts/test.sh gives the guest's session the weight to keep it busy.
             "-accel",
-            "tcg,thread=multi",
+            "tcg,thread=single",
             "-cpu",
             "max,vendor=GenuineIntel",
             "-smp",
