@@ -202,11 +202,12 @@ class Guest:
     def watch_for_panics(self, proc: subprocess.Popen) -> None:
         """Reset the guest when its kernel panics while booting, at most MAX_RESETS times.
 
-        Multi-threaded TCG now and then runs a boot into an oops in code the
-        kernel is patching on another vCPU (``Oops: int3`` in early boot, seen
-        once in some dozens of boots on a loaded machine): a fault of the
-        emulation, which would otherwise hold the scenario until its reboot
-        timeout. A reset boots the same GRUB entry again. A kernel that panics
+        Multi-threaded TCG now and then ran a boot into an oops in code the
+        kernel was patching on another vCPU (``Oops: int3`` in early boot): a
+        fault of the emulation, which would otherwise hold the scenario until
+        its reboot timeout. The guests now run one TCG thread (``argv``),
+        which has not shown it; the watcher stays for what else emulation
+        may do. A reset boots the same GRUB entry again. A kernel that panics
         every time (arguments it cannot boot with) still fails the scenario
         once the resets are spent.
         """
