@@ -21,8 +21,9 @@ export ANSIBLE_CONFIG="$PWD/ansible.cfg"
 step() { printf '\n== %s\n' "$*"; }
 
 # What the run costs, in its log: each job's CPU time (its processes and every
-# child they waited for, qemu's included; not the molecule containers, which
-# podman's conmon starts) in a "cpu:" line at its end, and at the very end the
+# child they waited for: qemu, and the modules Ansible runs in the molecule
+# containers through nsenter; not the containers' own systemd and services,
+# which podman's conmon starts) in a "cpu:" line at its end, and at the end the
 # machine's busy CPU-seconds against its cores x the wall time. The run's
 # budget (README, "Testing") is in CPU-seconds first: on two cores the jobs
 # beside each other finish together only when their sum fits.

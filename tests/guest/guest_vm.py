@@ -103,9 +103,10 @@ class Guest:
             "-nodefaults",
             # One host thread for all eight vCPUs. With one thread per vCPU (thread=multi) the kernel's
             # code patching at boot (int3 breakpoints while a static key or an alternative is rewritten)
-            # ran into stale translations on another vCPU: "Oops: int3" in 3 of 4 boots of a run on a
-            # loaded machine. One thread sees every code write at once, and uses ~35 % less CPU per boot
-            # (docs/guest.md); scripts/test.sh gives the guest's session the weight to keep it busy.
+            # ran into stale translations on another vCPU: "Oops: int3" at each of the three boots of one
+            # run on a loaded machine. One thread sees every code write at once and costs less (83
+            # CPU-seconds to SSH against 102, docs/guest.md); scripts/test.sh gives the guest's session
+            # the weight to keep that thread busy.
             "-accel",
             "tcg,thread=single",
             "-cpu",
