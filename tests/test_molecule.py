@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,8 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 IMAGE = "localhost/cpupools-molecule:current"
+#: Seconds one scenario may take (under CI's load the longest took 390-400 s; one took over 900 beside two guests).
+TIMEOUT = 900
 ROLE_STACK = ("site.yml", "roles/cpupools_plan", "roles/cpupools_kernel", "roles/cpupools_agent")
 # scenario -> the repository paths it drives
 SCENARIOS = {
@@ -61,14 +64,22 @@ def test_scenario(scenario):
     # molecule runs ansible-config and ansible-playbook from PATH.
     path = f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"
     env = dict(os.environ, PATH=path, ANSIBLE_FORCE_COLOR="0", NO_COLOR="1")
-    proc = subprocess.run(
+    # A process group of its own: at the timeout molecule is killed with the ansible-playbook it runs,
+    # which would otherwise go on for hours beside the other tests (seen once, after a timeout).
+    proc = subprocess.Popen(
         [str(VENV_BIN / "molecule"), "test", "-s", scenario],
         cwd=REPO,
         env=env,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=900,
-        check=False,
+        process_group=0,
     )
-    tail = (proc.stdout + proc.stderr)[-6000:]
+    try:
+        out, err = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"molecule test -s {scenario} ran over {TIMEOUT} s and was killed:\n{(out + err)[-6000:]}")
+    tail = (out + err)[-6000:]
     assert proc.returncode == 0, f"molecule test -s {scenario} failed (rc {proc.returncode}):\n{tail}"
