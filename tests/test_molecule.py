@@ -21,7 +21,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 IMAGE = "localhost/cpupools-molecule:current"
-#: Seconds one scenario may take (under CI's load the longest took 390-400 s; one took over 900 beside two guests).
+#: Seconds one scenario may take (in CI runs the longest took 390-520 s; one took over 900 beside two guests).
 TIMEOUT = 900
 ROLE_STACK = ("site.yml", "roles/cpupools_plan", "roles/cpupools_kernel", "roles/cpupools_agent")
 # scenario -> the repository paths it drives
