@@ -5,8 +5,12 @@
 The host joins ``cpupools_converged_<stage>`` for every converged stage,
 ``cpupools_k8s_skipped`` when the k8s stage has nothing to do on it, and
 ``cpupools_planned``, through one group named after the combination (the
-stage plays exclude those groups; docs/performance.md). The strategy adds
-the groups as it does for ``group_by``: no task of its own per host.
+stage plays exclude those groups; docs/performance.md). No task of its own
+per host: on ansible-core 2.21 and later the action adds the groups to the
+inventory itself (``ActionBase.add_group``, which ``group_by`` uses there);
+before 2.21 the strategy adds them from the result's ``add_group`` and
+``parent_groups``, as it does for ``group_by``. 2.21 no longer reads those
+keys: a converged host then joined no group and reached the stage plays.
 
 With ``slim`` (set by playbooks/plan.yml, whose stage plays leave converged
 hosts out), on a host with nothing to do (every stage with a check converged) it slims
@@ -68,7 +72,12 @@ class ActionModule(ActionBase):
             args["inputs"] = host_inputs(task_vars, self._templar)
         result.update(run_plan_module(self, "cpupools.cpupools.cpupools_converged", args, task_vars, prepare=True))
         if not result.get("failed"):
-            result.update(groups(result))
+            grouping = groups(result)
+            if hasattr(ActionBase, "add_group"):
+                # 2.21+: the strategy ignores the keys; the inventory is changed through the worker's RPC
+                self.add_group(grouping["add_group"], parent_group_names=grouping["parent_groups"])
+            else:
+                result.update(grouping)
         # a play that runs the stages on every host (reboot.yml, uninstall.yml, a user's own) keeps it whole
         whole = not boolean(args.get("slim", False)) or Display().verbosity > 0 or bool(self._task.diff)
         return slim(result, whole)
