@@ -255,14 +255,29 @@ def test_fresh_ansible_core_installs_read_only_and_runs_site_reboot_uninstall_by
     _runs_read_only_by_fqcn(fresh.bin, fresh.tarball, tmp_path, full=True)
 
 
-@pytest.mark.oldest_core
-def test_oldest_supported_ansible_core_runs_the_installed_collection(tmp_path):
-    """The other end of requires_ansible: scripts/test.sh runs it beside the suite, in a venv of its own."""
+#: The newest 2.20 release: the minor between the lower bound and the pin (meta/runtime.yml).
+CORE_2_20 = "2.20.10"
+
+
+def _compat_cores() -> list[str]:
+    return [_supported_cores()[0], CORE_2_20]
+
+
+@pytest.mark.compat_core
+@pytest.mark.parametrize("core", _compat_cores())
+def test_each_older_supported_ansible_core_runs_the_installed_collection(core, tmp_path):
+    """requires_ansible's lower bound and the newest 2.20, beside the suite (on the pin), in venvs of their own."""
     oldest, newest = _supported_cores()
     assert oldest != newest, f"requires_ansible admits one release only ({oldest}): test it on the pin alone"
-    old = _make_fresh(tmp_path / "oldest-core", oldest)
+    minors = {".".join(v.split(".")[:2]) for v in (oldest, CORE_2_20, newest)}
+    assert len(minors) == 3, f"{oldest}, {CORE_2_20} and {newest}: three minors, one of each"
+    if tuple(int(n) for n in core.split(".")[:2]) >= (2, 20) and sys.version_info < (3, 12):
+        pytest.skip(
+            f"ansible-core {core} runs its controller on Python 3.12 or newer; this is {sys.version.split()[0]}"
+        )
+    old = _make_fresh(tmp_path / f"core-{core}", core)
     version = subprocess.run([str(old.bin / "ansible"), "--version"], capture_output=True, text=True, check=True)
-    assert f"core {oldest}]" in version.stdout.splitlines()[0], version.stdout
+    assert f"core {core}]" in version.stdout.splitlines()[0], version.stdout
     _runs_read_only_by_fqcn(old.bin, old.tarball, tmp_path, full=False)
 
 
@@ -294,7 +309,8 @@ def test_tarball_holds_the_collection_and_nothing_of_the_checkout(fresh):
         "site.yml",
         "inventories/local/hosts.yml",
         "scripts/build_agent.py",
-        "tests/sanity/ignore-2.19.txt",
+        "tests/sanity/ignore-2.21.txt",
+        "tests/config.yml",
         "plugins/doc_fragments/cpupools_kube.py",
         *(f"plugins/modules/{m}" for m in modules),
         *utils,
@@ -307,7 +323,7 @@ def test_tarball_holds_the_collection_and_nothing_of_the_checkout(fresh):
     # the agent role runs), unreleased changelog fragments, the image definition, state of runs.
     unwanted = re.compile(
         r"^(\.venv|\.ansible|\.ci|\.config|\.git|collections|sandbox|build|reports|bench|molecule)(/|$)"
-        r"|^tests/(?!sanity(/|$))|^scripts/(?!build_agent\.py$)|^ansible\.cfg$|^pyproject\.toml$|^requirements-"
+        r"|^tests/(?!sanity(/|$)|config\.yml$)|^scripts/(?!build_agent\.py$)|^ansible\.cfg$|^pyproject\.toml$|^requirements-"
         r"|^changelogs/fragments(/|$)|^execution-environment\.yml$"
         r"|__pycache__|\.pyc$|\.tar\.gz$"
     )
@@ -335,7 +351,7 @@ def test_ansible_test_sanity_passes_on_the_installed_collection(fresh, tmp_path)
 
 
 def test_sanity_ignores_each_name_a_reason_and_an_existing_file():
-    ignores = REPO / "tests" / "sanity" / "ignore-2.19.txt"
+    ignores = REPO / "tests" / "sanity" / "ignore-2.21.txt"
     core = _pins(REPO / "requirements-run.txt")["ansible-core"]
     assert ignores.name == f"ignore-{'.'.join(core.split('.')[:2])}.txt", "the ignore file must match the pinned core"
     for line in ignores.read_text().splitlines():
@@ -346,11 +362,21 @@ def test_sanity_ignores_each_name_a_reason_and_an_existing_file():
         assert check, line
 
 
-def test_run_pins_are_the_dev_pins_and_the_collection_requirement():
-    run = _pins(REPO / "requirements-run.txt")
-    dev = _pins(REPO / "requirements-dev.txt")
+@pytest.mark.parametrize("suffix", ["", "-py311"])
+def test_run_pins_are_the_dev_pins_and_the_collection_requirement(suffix):
+    """The 2.21 set, and the -py311 set (ansible-core 2.19) bootstrap.sh installs on a Python older than 3.12."""
+    run = _pins(REPO / f"requirements-run{suffix}.txt")
+    dev = _pins(REPO / f"requirements-dev{suffix}.txt")
     differ = {name: (version, dev.get(name)) for name, version in run.items() if dev.get(name) != version}
-    assert not differ, f"requirements-run.txt pins that requirements-dev.txt lacks or pins otherwise: {differ}"
+    assert not differ, (
+        f"requirements-run{suffix}.txt pins that requirements-dev{suffix}.txt lacks or pins otherwise: {differ}"
+    )
+    if suffix:
+        # the same direct requirements, but ansible-core (and the ansible bundle of the dev set) one release older
+        assert run["ansible-core"].startswith("2.19.") and dev["ansible"].startswith("12."), (run, dev)
+        assert run["kubernetes"] == _pins(REPO / "requirements-run.txt")["kubernetes"]
+        return
+    assert run["ansible-core"].startswith("2.21.") and dev["ansible"].startswith("14."), (run, dev)
     direct = _pins(REPO / "requirements-run.in")
     assert direct.keys() == {"ansible-core", "kubernetes", "jinja2", "pyyaml"}
     assert all(run[name] == version for name, version in direct.items()), (direct, run)
@@ -365,7 +391,9 @@ def test_requires_ansible_names_the_tested_range():
     runtime = (REPO / "meta" / "runtime.yml").read_text()
     spec = SpecifierSet(re.search(r'^requires_ansible:\s*"([^"]+)"', runtime, re.MULTILINE).group(1))
     oldest, newest = _supported_cores()
-    assert oldest in spec and newest in spec, f"requires_ansible {spec} excludes a tested ansible-core"
+    assert {oldest, CORE_2_20, newest} <= set(spec.filter([oldest, CORE_2_20, newest])), (
+        f"requires_ansible {spec} excludes a tested ansible-core"
+    )
     assert Version(oldest) < Version(newest)
     assert any(s.operator == "<" for s in spec), f"requires_ansible {spec} has no upper bound"
     # Nothing newer than the pin's minor release is admitted: it is not tested.
