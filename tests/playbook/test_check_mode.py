@@ -20,7 +20,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from helpers import REPO, PlaybookResult, ansible_env, tree_snapshot
+from helpers import REPO, PlaybookResult, ansible_env, run_ansible, tree_snapshot
 from k8s_fake import FakeKube, write_kubeconfig
 from sysfs import CORPUS, write_tree
 
@@ -67,7 +67,7 @@ class Checkout:
             TMPDIR=str(self.tmp),
             ANSIBLE_LOCAL_TEMP=str(self.tmp.parent / "ansible-local"),
         )
-        proc = subprocess.run([*cmd, *args], cwd=self.dir, env=env, capture_output=True, text=True, check=False)
+        proc = run_ansible([*cmd, *args], cwd=self.dir, env=env)
         data = json.loads(proc.stdout[proc.stdout.index("{") :]) if "{" in proc.stdout else None
         return PlaybookResult(proc.returncode, proc.stdout, proc.stderr, data)
 
