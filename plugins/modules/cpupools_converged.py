@@ -215,7 +215,7 @@ def main():
         values = checked.values
         inputs.check_root(values["root"])
         inputs.check_group(values["task_group"])
-        plan = host_plan.plan_host(topology, facts, values, planner.make_request(checked.request()))
+        plan = host_plan.plan_host(topology, facts, values, planner.make_request(checked.request()), module.run_command)
         result.update(plan=plan, inputs=values, exports=dict.fromkeys(converge.EXPORTS))
         result["cmk_v15"] = converge.cmk_v15_configmap(values, host or "")
         stages = {}

@@ -300,7 +300,7 @@ def main():
             result["inputs"] = checked.values
         if topology is not None:
             if "inputs" in result:  # what the runtime and the hugepages refuse, refused here before any stage
-                plan = plan_host(topology, params["topology"], result["inputs"], request)
+                plan = plan_host(topology, params["topology"], result["inputs"], request, module.run_command)
             else:
                 plan = plan_pools(topology, request)
             result["plan"] = plan

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 
 import pytest
 from cpupools.core.cpulist import parse_cpulist
@@ -258,6 +259,12 @@ def test_policy_options_refusals_through_the_one_input_check():
         validate_inputs({"cpupools_kubelet_version": "2.1"})
 
 
+def run(argv: list[str]) -> tuple[int, str, str]:
+    """What the modules pass to ``detect_version``: ``AnsibleModule.run_command``'s contract."""
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    return done.returncode, done.stdout, done.stderr
+
+
 def _kubelet(tmp_path, monkeypatch, script: str) -> None:
     """A kubelet first on PATH that runs ``script``."""
     binary = tmp_path / "kubelet"
@@ -269,13 +276,13 @@ def _kubelet(tmp_path, monkeypatch, script: str) -> None:
 @pytest.mark.parametrize(("printed", "version"), [("Kubernetes v1.36.2", "1.36"), ("Kubernetes v1.34", "1.34")])
 def test_the_kubelet_version_is_asked_of_the_node(tmp_path, monkeypatch, printed, version):
     _kubelet(tmp_path, monkeypatch, f"echo '{printed}'")
-    assert kubelet.detect_version() == version
+    assert kubelet.detect_version(run) == version
 
 
 def test_without_a_kubelet_on_the_node_no_version_is_known(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setattr(kubelet, "KUBELET_PATHS", (str(tmp_path / "usr/bin/kubelet"),))
-    assert kubelet.detect_version() is None
+    assert kubelet.detect_version(run) is None
 
 
 @pytest.mark.parametrize(
@@ -291,7 +298,7 @@ def test_a_kubelet_on_the_node_that_does_not_say_its_version_is_refused(tmp_path
     _kubelet(tmp_path, monkeypatch, script)
     monkeypatch.setattr(kubelet, "VERSION_TIMEOUT", 1)
     with pytest.raises(PlanError, match=said):
-        kubelet.detect_version()
+        kubelet.detect_version(run)
 
 
 def test_the_drop_in_is_the_same_bytes_for_the_same_config(corpus_root):

@@ -41,7 +41,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -49,7 +48,7 @@ from dataclasses import dataclass
 from ..core.cpulist import format_cpulist, parse_cpulist
 from ..core.errors import CpulistError, CpupoolsError, PlanError, show
 from ..hardware.topology import Topology
-from .bootloader import Host
+from .bootloader import Host, Runner
 from .kargs import housekeeping_outputs, resolve_isolcpus_flags
 from .nodecode import under
 
@@ -117,10 +116,10 @@ def to_kubelet_version(raw: object, field: str) -> str:
     return f"1.{int(match.group(1))}"
 
 
-def resolve_version(raw: object) -> str | None:
+def resolve_version(raw: object, run: Runner) -> str | None:
     """``cpupools_kubelet_version`` resolved: ``auto`` asks the node's kubelet (``None``: no kubelet found)."""
     if raw is None or raw == "auto":
-        return detect_version()
+        return detect_version(run)
     return str(raw)
 
 
@@ -138,29 +137,30 @@ VERSION_TIMEOUT = 60
 KUBELET_PATHS = ("/usr/bin/kubelet", "/usr/local/bin/kubelet")
 
 
-def detect_version() -> str | None:
+def detect_version(run: Runner) -> str | None:
     """The node's kubelet version (``kubelet --version``: ``Kubernetes v1.36.2``); ``None`` without one.
 
-    A kubelet that is on the node but does not say its version (it fails, hangs
-    past ``VERSION_TIMEOUT`` or prints no version) is refused (``KubeletError``):
-    taking it for no kubelet would derive the options of the oldest version,
-    which a newer kubelet may be configured to refuse.
+    ``run(argv)`` runs a command and returns ``(status, stdout, stderr)`` (the
+    module's ``run_command``). The kubelet runs under coreutils' ``timeout``:
+    a kubelet that is on the node but does not say its version (it fails,
+    hangs past ``VERSION_TIMEOUT`` or prints no version) is refused
+    (``KubeletError``): taking it for no kubelet would derive the options of
+    the oldest version, which a newer kubelet may be configured to refuse.
     """
     path = shutil.which("kubelet") or next((p for p in KUBELET_PATHS if os.access(p, os.X_OK)), None)
     if path is None:
         return None
     field = "cpupools_kubelet_version"
     unknown = "set cpupools_kubelet_version to the version of the node's kubelet"
-    try:
-        done = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=VERSION_TIMEOUT, check=False)
-    except subprocess.TimeoutExpired:
-        raise KubeletError(f"auto: {path} --version did not answer in {VERSION_TIMEOUT} s; {unknown}", field) from None
-    except OSError as exc:
-        raise KubeletError(f"auto: {path} --version could not run ({exc.strerror}); {unknown}", field) from None
-    said = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:] or ["nothing"]
-    if done.returncode != 0:
-        raise KubeletError(f"auto: {path} --version exited {done.returncode} ({said[0][:200]}); {unknown}", field)
-    match = _VERSION.search(done.stdout)
+    status, out, err = run(["timeout", "--kill-after=5", str(VERSION_TIMEOUT), path, "--version"])
+    said = (err.strip() or out.strip()).splitlines()[-1:] or ["nothing"]
+    if status in (124, 137):  # timeout(1): the kubelet ran past VERSION_TIMEOUT (137: it ignored the TERM too)
+        raise KubeletError(f"auto: {path} --version did not answer in {VERSION_TIMEOUT} s; {unknown}", field)
+    if status in (126, 127):  # timeout(1): the kubelet could not be run
+        raise KubeletError(f"auto: {path} --version could not run ({said[0][:200]}); {unknown}", field)
+    if status != 0:
+        raise KubeletError(f"auto: {path} --version exited {status} ({said[0][:200]}); {unknown}", field)
+    match = _VERSION.search(out)
     if not match:
         raise KubeletError(f"auto: {path} --version printed no version ({said[0][:200]}); {unknown}", field)
     return match.group(1)

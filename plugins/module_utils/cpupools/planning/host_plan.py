@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..hardware.topology import Topology
-from ..node.bootloader import Host, kernel_release
+from ..node.bootloader import Host, Runner, kernel_release
 from ..node.hugepages import plan_hugepages
 from ..node.kubelet import ASSUMED_KUBELET, resolve_version
 from ..node.kubelet import check_plan as check_kubelet
@@ -17,7 +17,7 @@ from .plan import plan_pools
 from .runtimes import check_runtime, core_numbers
 
 
-def plan_host(topology: Topology, facts: Mapping, values: Mapping, request: Mapping) -> dict:
+def plan_host(topology: Topology, facts: Mapping, values: Mapping, request: Mapping, run: Runner) -> dict:
     """``plan_pools`` for the checked inputs ``values``, then what the runtime and the hugepages refuse.
 
     ``facts`` are the host's ``ansible_facts.cpupools`` (with the hugepage
@@ -25,8 +25,9 @@ def plan_host(topology: Topology, facts: Mapping, values: Mapping, request: Mapp
     planned for the kernel the kernel stage writes the arguments for
     (``boot_release``), and, with the kubelet runtime, ``kubelet``: the
     version its options are for (``cpupools_kubelet_version``, asked of the
-    node's kubelet for ``auto``) and the drop-in's fields, so the kernel
-    stage writes what was checked here.
+    node's kubelet for ``auto``, through ``run``: the module's
+    ``run_command``) and the drop-in's fields, so the kernel stage writes what
+    was checked here.
     """
     plan = plan_pools(topology, request)
     cores = core_numbers([list(core.cpus) for core in topology.cores])
@@ -40,7 +41,7 @@ def plan_host(topology: Topology, facts: Mapping, values: Mapping, request: Mapp
     )
     plan["warnings"] = [*plan["warnings"], *plan["hugepages"]["warnings"]]
     if values.get("runtime") == "kubelet":
-        values = {**values, "kubelet_version": resolve_version(values.get("kubelet_version"))}
+        values = {**values, "kubelet_version": resolve_version(values.get("kubelet_version"), run)}
     config = check_kubelet(plan, topology, values)
     if config is not None:
         version, known = values["kubelet_version"], True
