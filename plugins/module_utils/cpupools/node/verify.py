@@ -38,6 +38,7 @@ import time
 from ..core.cpulist import format_cpulist, parse_cpulist, parse_cpumask, parse_isolcpus
 from ..core.errors import CpulistError, StateError, VerifyError
 from ..hardware.topology import parse_kernel_cmdline
+from .housekeep import PF_KTHREAD, PF_NO_SETAFFINITY
 from .state import DEFAULT_CONF_DIR, read_state, split_proc_stat, task_alive
 
 TYPE_CHECKING = False
@@ -48,9 +49,6 @@ RESULT_VERSION = 1
 CHECKS = ("irq", "workqueue", "kthread", "rcu", "nohz", "process", "cmk", "latency")
 SEVERITIES = ("fail", "warn", "info")
 
-#: include/linux/sched.h
-PF_KTHREAD = 0x00200000
-PF_NO_SETAFFINITY = 0x04000000
 #: The name kernel/irq/debugfs.c prints in the ``dstate`` block of a managed IRQ.
 MANAGED_FLAG = "IRQD_AFFINITY_MANAGED"
 #: RCU's callback-offload kthreads: rcuop/N (preemptible RCU), rcuos/N (sched), rcuob/N (bh, old
