@@ -48,7 +48,13 @@ strategy (DIR holds the ``ansible_mitogen`` package, for example an unpacked
 wheel; nothing is installed).
 
     .venv/bin/python bench/fleet_bench.py [--hosts 20,200,1000] [--rounds 3] [--forks 10] [--first-hosts 20]
-        [--sizes] [--no-big] [--repo DIR] [--mitogen DIR] [--keep DIR]
+        [--sizes] [--no-big] [--repo DIR] [--mitogen DIR] [--keep DIR] [--ansible-bin DIR ...]
+
+``--ansible-bin DIR`` (repeatable) runs every round of the fleets a second
+time with ``DIR/ansible-playbook``, another virtual environment's (for
+example ansible-core 2.19 beside the pinned 2.21), interleaved with this
+one's, and prints each core's figures and ratios: two cores compared in one
+run. The seed's first run and the 1,024-CPU comparison use this one's.
 """
 
 from __future__ import annotations
@@ -152,12 +158,29 @@ def children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+#: bin directories whose ansible-playbook the fleets' rounds run, interleaved (--ansible-bin adds to this one).
+BINS = [Path(sys.executable).parent]
+
+
+def core_version(bin_dir: Path) -> str:
+    """``ansible-core X.Y.Z on Python A.B`` of a bin directory."""
+    said = subprocess.run([str(bin_dir / "ansible"), "--version"], capture_output=True, text=True, check=True).stdout
+    core = said.split("[core ", 1)[1].split("]", 1)[0]
+    python = subprocess.run(
+        [str(bin_dir / "python"), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    return f"ansible-core {core} on Python {python}"
+
+
 def run(
-    repo: Path, inventory: Path, playbook: Path, forks: int, *extra: str, sizes: bool = False
+    repo: Path, inventory: Path, playbook: Path, forks: int, *extra: str, sizes: bool = False, bin_dir: Path = BINS[0]
 ) -> tuple[float, dict]:
     """Wall time and the bench callback's output (bench/callback/bench_json.py); the CPU seconds of the
     whole run (controller and the local "nodes" together) are in ``data["cpu"]``, the main process's in
-    ``data["main"]``."""
+    ``data["main"]``. ``bin_dir``: whose ansible-playbook runs."""
     env = dict(os.environ)
     env.update(
         {
@@ -172,7 +195,7 @@ def run(
     cpu = children_cpu()
     start = time.perf_counter()
     proc = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory), str(playbook), *extra],
+        [str(bin_dir / "ansible-playbook"), "-i", str(inventory), str(playbook), *extra],
         cwd=repo,
         env=env,
         capture_output=True,
@@ -211,20 +234,22 @@ def seed_fleet(repo: Path, base: Path, hosts: int, forks: int) -> tuple[Path, di
     return base / "roots" / "node0000", measures(wall, data, hosts)
 
 
-def fleet_rounds(repo: Path, base: Path, seed: Path, hosts: int, forks: int, rounds: int) -> list[dict]:
-    """Rounds of (converged re-run, ping) over a fleet of ``hosts`` copies of the seed's root."""
+def fleet_rounds(repo: Path, base: Path, seed: Path, hosts: int, forks: int, rounds: int) -> dict[Path, list[dict]]:
+    """Rounds of (converged re-run, ping) over a fleet of ``hosts`` copies of the seed's root, for each of
+    ``BINS`` in turn within a round (interleaved: each core sees the same load)."""
     inventory = make_fleet(base, hosts)
     clone_roots(seed, base, hosts)
-    out = []
+    out: dict[Path, list[dict]] = {bin_dir: [] for bin_dir in BINS}
     for i in range(rounds):
-        row = {}
-        wall, data = run(repo, inventory, repo / "site.yml", forks)
-        row["rerun"] = measures(wall, data, hosts)
-        if i == 0 and set(data["changed_tasks"]) <= {REPORT_TASK}:
-            row["rerun"]["changed"] = 0  # the fleet's report file is new: written once, on the first round
-        wall, data = run(repo, inventory, base / "ping.yml", forks)
-        row["ping"] = measures(wall, data, hosts)
-        out.append(row)
+        for bin_dir in BINS:
+            row = {}
+            wall, data = run(repo, inventory, repo / "site.yml", forks, bin_dir=bin_dir)
+            row["rerun"] = measures(wall, data, hosts)
+            if i == 0 and set(data["changed_tasks"]) <= {REPORT_TASK}:
+                row["rerun"]["changed"] = 0  # the fleet's report file is new: written once, on the first round
+            wall, data = run(repo, inventory, base / "ping.yml", forks, bin_dir=bin_dir)
+            row["ping"] = measures(wall, data, hosts)
+            out[bin_dir].append(row)
     return out
 
 
@@ -291,7 +316,17 @@ def main() -> None:
     parser.add_argument(
         "--mitogen", type=Path, help="run under mitogen_linear from DIR (the directory holding ansible_mitogen)"
     )
+    parser.add_argument(
+        "--ansible-bin",
+        type=Path,
+        action="append",
+        default=[],
+        help="also run the fleets' rounds with DIR/ansible-playbook (another venv's bin: another ansible-core), "
+        "interleaved with this one's",
+    )
     args = parser.parse_args()
+    BINS.extend(path.absolute() for path in args.ansible_bin)
+    labels = {bin_dir: core_version(bin_dir) for bin_dir in BINS}
     sizes = sorted({int(n) for n in args.hosts.split(",")})
     if args.mitogen:
         EXTRA_ENV.update(
@@ -303,7 +338,8 @@ def main() -> None:
     base.mkdir(parents=True, exist_ok=True)
     print(
         f"fleets of {', '.join(map(str, sizes))} hosts, forks {args.forks}, {args.rounds} rounds, "
-        f"2 sockets x 22 cores SMT2 each; {os.cpu_count()} CPUs; site.yml of {repo}"
+        f"2 sockets x 22 cores SMT2 each; {os.cpu_count()} CPUs; site.yml of {repo}; "
+        f"{' and '.join(labels.values())}"
         f"{'; mitogen_linear' if args.mitogen else ''}",
         flush=True,
     )
@@ -316,24 +352,30 @@ def main() -> None:
             f"CPU s/host {first['cpu']:.3f} all, {first['main']:.3f} main process",
             flush=True,
         )
-        results = {}
+        results: dict[Path, dict[int, list[dict]]] = {bin_dir: {} for bin_dir in BINS}
         for hosts in sizes:
-            rows = fleet_rounds(repo, base / f"fleet{hosts}", seed, hosts, args.forks, args.rounds)
-            results[hosts] = rows
-            print(f"{hosts} hosts:")
-            report_fleet(hosts, rows)
-            failed |= any(r["rerun"]["changed"] for r in rows)
+            per_bin = fleet_rounds(repo, base / f"fleet{hosts}", seed, hosts, args.forks, args.rounds)
+            for bin_dir, rows in per_bin.items():
+                results[bin_dir][hosts] = rows
+                print(f"{hosts} hosts, {labels[bin_dir]}:")
+                report_fleet(hosts, rows)
+                failed |= any(r["rerun"]["changed"] for r in rows)
             sys.stdout.flush()
-        for small, large in itertools.pairwise(sizes):
-            slope = {
-                label: (median(results[large], label, "main_total") - median(results[small], label, "main_total"))
-                / (large - small)
-                for label in ("rerun", "ping")
-            }
-            print(
-                f"main-process CPU per added host, {small} to {large} hosts: re-run {slope['rerun'] * 1000:.1f} ms, "
-                f"ping {slope['ping'] * 1000:.1f} ms, ratio {slope['rerun'] / slope['ping']:.2f}"
-            )
+        for bin_dir in BINS:
+            for small, large in itertools.pairwise(sizes):
+                slope = {
+                    label: (
+                        median(results[bin_dir][large], label, "main_total")
+                        - median(results[bin_dir][small], label, "main_total")
+                    )
+                    / (large - small)
+                    for label in ("rerun", "ping")
+                }
+                print(
+                    f"main-process CPU per added host, {small} to {large} hosts, {labels[bin_dir]}: "
+                    f"re-run {slope['rerun'] * 1000:.1f} ms, ping {slope['ping'] * 1000:.1f} ms, "
+                    f"ratio {slope['rerun'] / slope['ping']:.2f}"
+                )
         if args.sizes:
             smallest = sizes[0]
             table = result_sizes(repo, base / f"fleet{smallest}", args.forks, smallest)
