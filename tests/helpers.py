@@ -84,29 +84,6 @@ def ansible_env(**extra: str) -> dict[str, str]:
     return env
 
 
-#: ansible-core 2.21 starts an RPC server thread in ansible-playbook's main process before the first
-#: play and gives it a fixed 5 s (ansible/_internal/_rpc_host.py); on a loaded machine the thread can
-#: start later, and the run ends with status 250 before any task has run on any host.
-RPC_NOT_STARTED = "Local RPC server did not start"
-#: How often that one failure is tried again (docs/collection.md, "A known fault of ansible-core 2.21").
-RPC_RETRIES = 2
-
-
-def run_ansible(cmd: list, **kwargs) -> subprocess.CompletedProcess:
-    """``subprocess.run(cmd, capture_output=True, text=True, check=False, **kwargs)``, again on an RPC start failure.
-
-    Only the failure of ``RPC_NOT_STARTED`` is tried again (at most
-    ``RPC_RETRIES`` times): nothing has run on a host then. Any other outcome
-    is returned as it is.
-    """
-    for attempt in range(RPC_RETRIES + 1):
-        proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, check=False, **kwargs)
-        if not (proc.returncode == 250 and RPC_NOT_STARTED in proc.stdout + proc.stderr) or attempt == RPC_RETRIES:
-            return proc
-        print(f"run_ansible: {RPC_NOT_STARTED} (attempt {attempt + 1}): running {Path(str(cmd[0])).name} again")
-    raise AssertionError("unreachable")
-
-
 def run_playbook(
     playbook: str | Path,
     tmp_path: Path,
@@ -134,7 +111,7 @@ def run_playbook(
         vars_file.write_text(json.dumps(extra_vars))
         cmd += ["-e", f"@{vars_file}"]
     cmd += list(args)
-    proc = run_ansible(cmd, cwd=REPO, env=env or ansible_env())
+    proc = subprocess.run(cmd, cwd=REPO, env=env or ansible_env(), capture_output=True, text=True, check=False)
     try:
         data = json.loads(proc.stdout[proc.stdout.index("{") :]) if "{" in proc.stdout else None
     except ValueError:

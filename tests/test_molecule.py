@@ -13,10 +13,13 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
-from helpers import REPO, RPC_NOT_STARTED, RPC_RETRIES, VENV_BIN
 
+REPO = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
 IMAGE = "localhost/cpupools-molecule:current"
 #: Seconds one scenario may take (in CI runs the longest took 390-520 s; one took over 900 beside two guests).
 TIMEOUT = 900
@@ -50,7 +53,17 @@ def test_every_scenario_is_listed():
     assert on_disk == set(SCENARIOS)
 
 
-def _molecule_test(scenario: str, env: dict[str, str]) -> tuple[subprocess.Popen, str, str]:
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_scenario(scenario):
+    reason = _platform_missing()
+    if reason:
+        pytest.skip(reason)
+    missing = [p for p in SCENARIOS[scenario] if not (REPO / p).exists()]
+    if missing:
+        pytest.skip(f"scenario {scenario} drives {', '.join(missing)}, not on this branch yet")
+    # molecule runs ansible-config and ansible-playbook from PATH.
+    path = f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"
+    env = dict(os.environ, PATH=path, ANSIBLE_FORCE_COLOR="0", NO_COLOR="1")
     # A process group of its own: at the timeout molecule is killed with the ansible-playbook it runs,
     # which would otherwise go on for hours beside the other tests (seen once, after a timeout).
     proc = subprocess.Popen(
@@ -68,26 +81,5 @@ def _molecule_test(scenario: str, env: dict[str, str]) -> tuple[subprocess.Popen
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
         pytest.fail(f"molecule test -s {scenario} ran over {TIMEOUT} s and was killed:\n{(out + err)[-6000:]}")
-    return proc, out, err
-
-
-@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
-def test_scenario(scenario):
-    reason = _platform_missing()
-    if reason:
-        pytest.skip(reason)
-    missing = [p for p in SCENARIOS[scenario] if not (REPO / p).exists()]
-    if missing:
-        pytest.skip(f"scenario {scenario} drives {', '.join(missing)}, not on this branch yet")
-    # molecule runs ansible-config and ansible-playbook from PATH.
-    path = f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"
-    env = dict(os.environ, PATH=path, ANSIBLE_FORCE_COLOR="0", NO_COLOR="1")
-    # ansible-core 2.21's RPC start fault (tests/helpers.py) ends one of molecule's ansible-playbook runs
-    # before its first task: the scenario, which destroys and creates its container first, runs again.
-    for attempt in range(RPC_RETRIES + 1):
-        proc, out, err = _molecule_test(scenario, env)
-        if proc.returncode == 0 or RPC_NOT_STARTED not in out + err:
-            break
-        print(f"molecule test -s {scenario}: {RPC_NOT_STARTED} (attempt {attempt + 1})")
     tail = (out + err)[-6000:]
     assert proc.returncode == 0, f"molecule test -s {scenario} failed (rc {proc.returncode}):\n{tail}"

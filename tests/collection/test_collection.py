@@ -511,7 +511,11 @@ def test_install_from_git_builds_the_same_collection(tmp_path):
     assert manifest["collection_info"]["version"] == _galaxy_version()
     files = {entry["name"] for entry in json.loads((coll / "FILES.json").read_text())["files"]}
     assert "playbooks/site.yml" in files and "plugins/modules/cpupools_plan.py" in files
-    shipped_tests = {f for f in files if f.startswith("tests/") and not f.startswith("tests/sanity")}
+    # tests/sanity and tests/config.yml ship (ansible-test reads them from the installed collection)
+    shipped_tests = {f for f in files if f.startswith("tests/") and not f.startswith("tests/sanity")} - {
+        "tests/config.yml"
+    }
+    assert "tests/config.yml" in files
     assert not shipped_tests | {f for f in files if f.startswith(("molecule", "collections", ".venv", "sandbox"))}
     doc = _run([VENV_BIN / "ansible-doc", "-t", "module", f"{NS}.{NAME}.cpupools_plan"], cwd=tmp_path, env=env)
     assert doc.returncode == 0 and str(coll) in doc.stdout, doc.stdout + doc.stderr

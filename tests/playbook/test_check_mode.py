@@ -16,11 +16,12 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from helpers import REPO, PlaybookResult, ansible_env, run_ansible, tree_snapshot
+from helpers import REPO, PlaybookResult, ansible_env, tree_snapshot
 from k8s_fake import FakeKube, write_kubeconfig
 from sysfs import CORPUS, write_tree
 
@@ -32,10 +33,12 @@ HOSTS = ("localhost",)
 class Checkout:
     """A fresh copy of the repository (tracked and new files, nothing git ignores), run from its root."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, controller_tmp: Path) -> None:
         self.dir = tmp_path / "checkout"
-        self.tmp = tmp_path / "controller-tmp"
-        self.tmp.mkdir()
+        # The controller's TMPDIR: a short path of its own (ansible-core 2.21 cannot start under a TMPDIR
+        # longer than 75 characters: docs/collection.md, "ansible-core 2.21 and a long TMPDIR").
+        self.tmp = controller_tmp
+        self.vars = tmp_path
         listed = subprocess.run(
             ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
             cwd=REPO,
@@ -59,15 +62,15 @@ class Checkout:
         if inventory is not None:
             cmd += ["-i", str(inventory)]
         if extra:
-            vars_file = self.tmp.parent / f"vars-{self.count}.json"
+            vars_file = self.vars / f"vars-{self.count}.json"
             vars_file.write_text(json.dumps(extra))
             cmd += ["-e", f"@{vars_file}"]
         env = ansible_env(
             ANSIBLE_CONFIG=str(self.dir / "ansible.cfg"),
             TMPDIR=str(self.tmp),
-            ANSIBLE_LOCAL_TEMP=str(self.tmp.parent / "ansible-local"),
+            ANSIBLE_LOCAL_TEMP=str(self.vars / "ansible-local"),
         )
-        proc = run_ansible([*cmd, *args], cwd=self.dir, env=env)
+        proc = subprocess.run([*cmd, *args], cwd=self.dir, env=env, capture_output=True, text=True, check=False)
         data = json.loads(proc.stdout[proc.stdout.index("{") :]) if "{" in proc.stdout else None
         return PlaybookResult(proc.returncode, proc.stdout, proc.stderr, data)
 
@@ -117,7 +120,11 @@ def check_then_apply(
 
 @pytest.fixture
 def checkout(tmp_path):
-    return Checkout(tmp_path)
+    controller_tmp = Path(tempfile.mkdtemp(prefix="cpupools-ctl-", dir="/tmp"))
+    try:
+        yield Checkout(tmp_path, controller_tmp)
+    finally:
+        shutil.rmtree(controller_tmp, ignore_errors=True)
 
 
 def sandbox(checkout: Checkout, host: str = "localhost") -> Path:
