@@ -90,6 +90,56 @@ def traced_calls(
     return points
 
 
+#: System calls whose effect no other process can see once the caller is dead: reads and stats, closes,
+#: fsync (a killed process is not a crashed machine: the next process reads the page cache), advisory
+#: locks (released with the process), memory, signal and descriptor bookkeeping, waits and clocks.
+UNSEEN = frozenset(
+    {
+        "access", "brk", "clock_gettime", "clock_nanosleep", "close", "epoll_wait", "faccessat", "faccessat2",
+        "fadvise64", "fcntl", "fdatasync", "flock", "fstat", "fsync", "futex", "getcwd", "getdents64", "getegid",
+        "geteuid", "getgid", "getpid", "getppid", "getrandom", "gettid", "gettimeofday", "getuid", "ioctl",
+        "lseek", "lstat", "madvise", "mmap", "mprotect", "mremap", "munmap", "nanosleep", "newfstatat", "poll",
+        "ppoll", "pread64", "prlimit64", "pselect6", "read", "readlink", "readlinkat", "readv", "rseq",
+        "rt_sigaction", "rt_sigprocmask", "sched_getaffinity", "sched_yield", "select", "set_robust_list",
+        "set_tid_address", "sigaltstack", "stat", "statx", "sysinfo", "uname", "wait4",
+    }
+)  # fmt: skip
+_OPENS_TO_WRITE = re.compile(r"\bO_(WRONLY|RDWR|CREAT|TRUNC|APPEND)\b")
+
+
+def distinct_kill_points(trace: str, points: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """The points of ``points`` (``traced_calls`` of the run that wrote ``trace``) that each leave a different system.
+
+    Killed at a call (SIGKILL on its entry: the call does not run), a process
+    leaves behind what every call before it did that another process can
+    see: files and directories, other processes and their CPUs. The kill
+    points between two such calls leave the same system, so the recovery
+    that follows sees the same thing, and one of them stands for all: the
+    point at the visible call itself (before its effect), and the last point
+    for everything done. A call not in ``UNSEEN`` counts as visible;
+    ``openat`` only when it may write or create (``O_WRONLY``, ``O_RDWR``,
+    ``O_CREAT``, ``O_TRUNC``, ``O_APPEND``).
+    """
+    lines: dict[tuple[str, int], str] = {}
+    seen: dict[str, int] = {}
+    with open(trace) as handle:
+        for line in handle:
+            match = _CALL.match(line)
+            if match:
+                name = match.group(1)
+                seen[name] = seen.get(name, 0) + 1
+                lines[(name, seen[name])] = line
+    kept = []
+    for point in points:
+        name = point[0]
+        visible = bool(_OPENS_TO_WRITE.search(lines[point])) if name in ("open", "openat") else name not in UNSEEN
+        if visible:
+            kept.append(point)
+    if points and (not kept or kept[-1] != points[-1]):
+        kept.append(points[-1])
+    return kept
+
+
 def killed_at(argv: list[str], name: str, nth: int, env: dict[str, str]) -> int:
     """Run ``argv`` with SIGKILL injected at the ``nth`` call of ``name``; its exit status (-9 or 137 when killed)."""
     inject = f"inject={name}:signal=SIGKILL:when={nth}"

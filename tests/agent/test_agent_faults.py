@@ -4,7 +4,10 @@ The write path is everything from the first ``flock`` to the exit (for
 reconcile, from its first ``write``: it prepares files before the lock). A traced
 run lists those calls as (name, n-th call of that name); each is then a kill
 point: ``strace -e inject=NAME:signal=SIGKILL:when=N`` kills the process as
-it enters that call, which is also "just after" the call before it. After
+it enters that call, which is also "just after" the call before it. Of the
+calls between two whose effect another process can see (a write, a rename,
+an open that creates), one stands for all: a kill at any of them leaves the
+same files and processes (agent_support.distinct_kill_points). After
 each kill the next ``cmk isolate`` must get a list, and the next
 ``cmk reconcile`` must leave exactly the live holder, its marker, and
 nothing else: every live task kept, no list lost, no leftovers.
@@ -17,7 +20,7 @@ import shutil
 import subprocess
 
 import pytest
-from agent_support import PLAN_1X, PLAN_2X, agent_env, tasks_of, traced_calls, write_plan_state
+from agent_support import PLAN_1X, PLAN_2X, agent_env, distinct_kill_points, tasks_of, traced_calls, write_plan_state
 from agent_support import killed_at as support_killed_at
 from cpupools.node import state as st
 
@@ -89,7 +92,7 @@ def test_isolate_killed_at_every_call_of_its_write_path(cmk, tmp_path, holder):
     points = write_path_calls(argv(conf), str(tmp_path / "trace"))
     names = [name for name, _ in points]
     assert names.count("renameat") == 2 and names.count("flock") == 4  # take and give back, each under the lock
-    for i, (name, nth) in enumerate(points):
+    for i, (name, nth) in enumerate(distinct_kill_points(str(tmp_path / "trace"), points)):
         conf = state_with(tmp_path / f"k{i}", holder, dead=False)
         assert killed_at(argv(conf), name, nth) in (-9, 137), (name, nth)
         assert_recovered(cmk, conf, holder)
@@ -101,7 +104,7 @@ def test_shared_isolate_killed_at_every_call_keeps_the_other_holder(cmk, tmp_pat
     conf = shared_state_with(tmp_path / "traced", holder)
     points = write_path_calls(argv(conf), str(tmp_path / "trace"))
     assert [name for name, _ in points].count("renameat") == 2
-    for i, (name, nth) in enumerate(points):
+    for i, (name, nth) in enumerate(distinct_kill_points(str(tmp_path / "trace"), points)):
         conf = shared_state_with(tmp_path / f"k{i}", holder)
         assert killed_at(argv(conf), name, nth) in (-9, 137), (name, nth)
         assert_recovered(cmk, conf, holder, pool="shared")
@@ -118,7 +121,7 @@ def test_reconcile_killed_at_every_call_of_its_write_path(cmk, tmp_path, holder)
     names = [name for name, _ in points]
     assert names.count("renameat") == 2 and names.count("unlinkat") >= 3  # both lists; temp file, markers
     assert names.index("fsync") < names.index("flock"), "list 0's file is prepared outside the lock"
-    for i, (name, nth) in enumerate(points):
+    for i, (name, nth) in enumerate(distinct_kill_points(str(tmp_path / "trace"), points)):
         conf = state_with(tmp_path / f"k{i}", holder, dead=True)
         (conf / "pools/exclusive/0/1/.tasks.0123456789ab.tmp").write_text("left by a killed isolate")
         assert killed_at(argv(conf), name, nth) in (-9, 137), (name, nth)
