@@ -84,6 +84,11 @@ def is_kernel_thread(task: Mapping) -> bool:
     return bool(task["flags"] & PF_KTHREAD)
 
 
+def per_cpu_bound(task: Mapping) -> bool:
+    """A thread nothing may move: ``PF_NO_SETAFFINITY``, or allowed on one CPU only."""
+    return bool(task["flags"] & PF_NO_SETAFFINITY) or (task.get("allowed") is not None and len(task["allowed"]) == 1)
+
+
 def plan_moves(
     tasks: Iterable[Mapping],
     isolated: Iterable[int],
@@ -133,7 +138,7 @@ def _kernel_thread_target(
     online: frozenset[int],
     nodes: list[frozenset[int]],
 ) -> tuple[tuple[int, ...], str]:
-    if task["flags"] & PF_NO_SETAFFINITY or len(allowed) == 1 or IRQ_THREAD.match(task["comm"]):
+    if per_cpu_bound(task) or IRQ_THREAD.match(task["comm"]):
         return (), ""
     if allowed in nodes:
         own = allowed & housekeeping

@@ -38,7 +38,7 @@ import time
 from ..core.cpulist import format_cpulist, parse_cpulist, parse_cpumask, parse_isolcpus
 from ..core.errors import CpulistError, StateError, VerifyError
 from ..hardware.topology import parse_kernel_cmdline
-from .housekeep import PF_KTHREAD, PF_NO_SETAFFINITY
+from .housekeep import is_kernel_thread, per_cpu_bound
 from .state import DEFAULT_CONF_DIR, read_state, split_proc_stat, task_alive
 
 TYPE_CHECKING = False
@@ -547,14 +547,6 @@ def check_workqueue(wq: dict, isolated: set[int]) -> tuple[dict, list]:
     return section, findings
 
 
-def _is_kthread(task: dict) -> bool:
-    return bool(task["flags"] & PF_KTHREAD)
-
-
-def _per_cpu_bound(task: dict) -> bool:
-    return bool(task["flags"] & PF_NO_SETAFFINITY) or (task["allowed"] is not None and len(task["allowed"]) == 1)
-
-
 def _movable_on(task: dict, isolated: set[int]) -> list[int]:
     return sorted(set(task["allowed"] or ()) & isolated)
 
@@ -641,8 +633,8 @@ def check_kthreads(
     movable = [
         task
         for task in tasks
-        if _is_kthread(task)
-        and not _per_cpu_bound(task)
+        if is_kernel_thread(task)
+        and not per_cpu_bound(task)
         and not RCU_THREAD.match(task["comm"])
         and _movable_on(task, isolated)
     ]
@@ -670,7 +662,7 @@ def check_rcu(
     threads: set[int] = set()
     for task in tasks:
         match = RCU_THREAD.match(task["comm"])
-        if match and _is_kthread(task) and match.group(1) in ("p", "s", "b"):
+        if match and is_kernel_thread(task) and match.group(1) in ("p", "s", "b"):
             threads.add(int(match.group(2)))
     if not tasks:
         offloaded, source = threads | running_nocbs, "command line, as no task is visible to read the rcuo threads"
@@ -679,7 +671,9 @@ def check_rcu(
     else:
         offloaded, source = threads, "rcuo threads"
     movable = [
-        task for task in tasks if RCU_THREAD.match(task["comm"]) and _is_kthread(task) and _movable_on(task, isolated)
+        task
+        for task in tasks
+        if RCU_THREAD.match(task["comm"]) and is_kernel_thread(task) and _movable_on(task, isolated)
     ]
     findings = _movable_findings("rcu", "RCU offload thread", movable, isolated, domain)
     if expected is None:
@@ -817,7 +811,7 @@ def _holders(
         # cpu-pooler and the nri policies keep no record verify reads: a task pinned
         # inside the exclusive CPUs is taken to be the workload they pinned there.
         for task in tasks:
-            if task["allowed"] and set(task["allowed"]) <= exclusive and not _is_kthread(task):
+            if task["allowed"] and set(task["allowed"]) <= exclusive and not is_kernel_thread(task):
                 for cpu in task["allowed"]:
                     held_tasks.setdefault(task["pid"], {})[cpu] = f"pinned ({runtime})"
                     held_cpus.setdefault(cpu, f"pinned ({runtime})")
@@ -837,7 +831,7 @@ def check_processes(
     strays, findings = [], []
     unrecorded = []
     for task in tasks:
-        if task["state"] in ("Z", "X") or _is_kthread(task):
+        if task["state"] in ("Z", "X") or is_kernel_thread(task):
             # Kernel threads are judged by the kthread and rcu checks (a per-CPU one belongs there).
             continue
         cpu = task["processor"]
