@@ -188,8 +188,9 @@ def test_run_sh_starts_under_a_long_tmpdir_that_ansible_core_2_21_cannot(tmp_pat
         check=False,
         timeout=120,
     )
-    version = subprocess.run([str(VENV_BIN / "ansible"), "--version"], capture_output=True, text=True, check=True)
-    if "[core 2.21." in version.stdout:
+    from ansible.release import __version__ as core  # the ansible-core of VENV_BIN, this interpreter's
+
+    if core.startswith("2.21."):
         # The fault run.sh steps around; when a release fixes it, this says so and the guard can go.
         assert bare.returncode == 250 and "Local RPC server did not start" in bare.stderr, bare.stderr[-2000:]
     extra = tmp_path / "extra.json"
