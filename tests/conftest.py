@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 
 import pytest
 from helpers import run_playbook
@@ -44,6 +45,56 @@ def pytest_collection_modifyitems(config, items):
         return len(LONGEST) + (0 if item.get_closest_marker("slow") else 1)
 
     items.sort(key=rank)  # stable: the collection order otherwise
+
+
+#: How many tests the CPU summary lists (the run's log: the suite's cost is CPU first, docs in README "Testing").
+CPU_SUMMARY = 30
+
+
+def _cpu_seconds() -> float:
+    """This process's CPU time and that of every child it waited for (ansible-playbook, its workers, cmk)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    return (yield from _with_cpu(item, "setup"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    return (yield from _with_cpu(item, "call"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item):
+    return (yield from _with_cpu(item, "teardown"))
+
+
+def _with_cpu(item, when: str):
+    started = _cpu_seconds()
+    try:
+        return (yield)
+    finally:
+        item.user_properties.append((f"cpu_{when}", _cpu_seconds() - started))
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The tests that cost the most CPU (a test's processes and the children they waited for), as
+    ``--durations`` lists wall time: on two shared cores the suite's length follows its CPU."""
+    spent: dict[str, float] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            for name, seconds in getattr(report, "user_properties", ()):
+                if name == f"cpu_{getattr(report, 'when', '')}":
+                    spent[report.nodeid] = spent.get(report.nodeid, 0.0) + seconds
+    if len(spent) < 2:
+        return
+    total = sum(spent.values())
+    terminalreporter.write_sep("=", f"most CPU: {min(CPU_SUMMARY, len(spent))} of {len(spent)} tests, {total:.0f} CPU-s in all")
+    for nodeid, seconds in sorted(spent.items(), key=lambda kv: -kv[1])[:CPU_SUMMARY]:
+        terminalreporter.write_line(f"{seconds:8.1f}s cpu  {nodeid}")
 
 
 @pytest.fixture(scope="session")
