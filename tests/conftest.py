@@ -49,6 +49,8 @@ def pytest_collection_modifyitems(config, items):
 
 #: How many tests the CPU summary lists (the run's log: the suite's cost is CPU first, docs in README "Testing").
 CPU_SUMMARY = 30
+#: ...for a run that cost at least this many CPU-seconds (not a quick run of a few tests).
+CPU_SUMMARY_FROM = 60
 
 
 def _cpu_seconds() -> float:
@@ -89,10 +91,12 @@ def pytest_terminal_summary(terminalreporter):
             for name, seconds in getattr(report, "user_properties", ()):
                 if name == f"cpu_{getattr(report, 'when', '')}":
                     spent[report.nodeid] = spent.get(report.nodeid, 0.0) + seconds
-    if len(spent) < 2:
-        return
     total = sum(spent.values())
-    terminalreporter.write_sep("=", f"most CPU: {min(CPU_SUMMARY, len(spent))} of {len(spent)} tests, {total:.0f} CPU-s in all")
+    if total < CPU_SUMMARY_FROM:
+        return
+    terminalreporter.write_sep(
+        "=", f"most CPU: {min(CPU_SUMMARY, len(spent))} of {len(spent)} tests, {total:.0f} CPU-s in all"
+    )
     for nodeid, seconds in sorted(spent.items(), key=lambda kv: -kv[1])[:CPU_SUMMARY]:
         terminalreporter.write_line(f"{seconds:8.1f}s cpu  {nodeid}")
 

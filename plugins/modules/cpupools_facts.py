@@ -40,6 +40,14 @@ options:
     description: The inventory variable O(root) comes from, named in error messages.
     type: str
     default: cpupools_facts_root
+  power:
+    description:
+      - Also read what the node offers for power and frequency, returned as
+        RV(ansible_facts.cpupools.power) - the cpufreq driver, its mode and each CPU's policy, the
+        cpuidle driver and each CPU's idle states, the uncore frequency domains. Off by default,
+        it reads a few files per CPU and idle state (about 16 per CPU on a server).
+    type: bool
+    default: false
 attributes:
   check_mode:
     support: full
@@ -149,10 +157,23 @@ ansible_facts:
         hugepages_global:
           description: Page size to C(total) and C(free) pages over all NUMA nodes.
           type: dict
+        power:
+          description:
+            - With O(power) only. C(cpufreq) (C(driver), C(mode) (intel_pstate or amd_pstate status),
+              C(turbo), C(policies)), C(cpuidle) (C(driver), C(governor), C(groups)) and C(uncore)
+              (C(driver), C(domains)). A policy or idle group holds the CPUs with the same settings
+              (C(cpus), a cpulist); a policy its C(governor), C(governors), C(min_khz), C(max_khz),
+              C(scaling_min_khz), C(scaling_max_khz), C(epp), C(epps); an idle group its
+              C(states) (C(index), C(name), C(latency_us), C(residency_us)) and the C(disabled)
+              ones. An uncore domain its C(name), C(package), C(die), C(min_khz), C(max_khz),
+              C(initial_min_khz), C(initial_max_khz). A driver the node lacks is null.
+          type: dict
+          returned: when O(power) is true
 """
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.core.errors import CpupoolsError
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.hardware.power import read_power
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.hardware.topology import (
     check_facts_root,
     gather_topology,
@@ -163,6 +184,7 @@ ARGUMENT_SPEC = {
     "root": {"type": "path", "default": "/"},
     "host": {"type": "str"},
     "variable": {"type": "str", "default": "cpupools_facts_root"},
+    "power": {"type": "bool", "default": False},
 }
 
 
@@ -176,6 +198,11 @@ def main():
         module.fail_json(msg=": ".join([*where, module.params["variable"], f"{root!r}: {exc}"]))
     facts = topology.to_facts()
     facts.update(read_hugepages(root))
+    if module.params["power"]:
+        try:
+            facts["power"] = read_power(root, topology.online)
+        except CpupoolsError as exc:
+            module.fail_json(msg=f"{root!r}: power and frequency: {exc}")
     module.exit_json(changed=False, ansible_facts={"cpupools": facts})
 
 

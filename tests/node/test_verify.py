@@ -75,6 +75,38 @@ def test_a_quiet_node_passes(tmp_path):
     json.dumps(result)  # what the report and metrics read
 
 
+def test_each_checked_cpus_governor_and_deepest_idle_state_are_shown(tmp_path):
+    """What a tuned node's CPUs may do (issue 41): read back per CPU, the drivers in the result."""
+    from sysfs import POWER, _write_power
+
+    root = write_kernel(tmp_path / "node", quiet_kernel())
+    _write_power(str(root), POWER["intel"], range(6), 1)
+    for state in (2, 3):  # C1E and C6 disabled on CPU 3
+        (root / f"sys/devices/system/cpu/cpu3/cpuidle/state{state}/disable").write_text("1\n")
+    (root / "sys/devices/system/cpu/cpufreq/policy3/scaling_governor").write_text("performance\n")
+    write_cmk_state(root, {"3": "100", "4": "", "5": ""})
+    result = verify(facts_root=str(root), root=str(root), plan=PLAN, expected_args=EXPECTED, pause=lambda: None)
+    assert result["power"] == {
+        "cpufreq": "intel_pstate",
+        "mode": "active",
+        "turbo": True,
+        "cpuidle": "intel_idle",
+        "uncore": "intel_uncore_frequency",
+    }
+    assert result["per_cpu"]["3"]["power"] == {
+        "governor": "performance",
+        "scaling_min_khz": 800000,
+        "scaling_max_khz": 3800000,
+        "deepest": "C1",
+        "disabled": ["C1E", "C6"],
+    }
+    assert result["per_cpu"]["4"]["power"]["deepest"] == "C6"
+    assert result["per_cpu"]["4"]["power"]["governor"] == "powersave"
+    # A node without the drivers (the fixture of the other tests): nothing to show, no failure.
+    bare = run_verify(tmp_path / "bare", quiet_kernel())
+    assert bare["per_cpu"]["3"]["power"] is None and bare["power"]["cpuidle"] is None
+
+
 def test_managed_irq_on_an_isolated_cpu_is_info(tmp_path):
     result = run_verify(tmp_path, quiet_kernel())
     (irq,) = result["irqs"]
@@ -201,6 +233,12 @@ def test_this_machines_proc_and_sys(tmp_path):
     assert set(result["per_cpu"]) == {str(last)}
     if WORKQUEUE.exists():
         assert result["workqueue"]["cpumask"] == format_cpulist(parse_cpumask(WORKQUEUE.read_text()))
+    idle = Path(f"/sys/devices/system/cpu/cpu{last}/cpuidle")
+    if idle.is_dir():  # its deepest enabled idle state, as the kernel lists them
+        states = [idle / name for name in os.listdir(idle) if name.startswith("state")]
+        enabled = [s for s in states if (s / "disable").read_text().strip() == "0"]
+        deepest = max(enabled, key=lambda s: (int((s / "latency").read_text()), int(s.name[5:])))
+        assert result["per_cpu"][str(last)]["power"]["deepest"] == (deepest / "name").read_text().strip()
 
 
 def test_parse_interrupts_arm64_row():

@@ -37,6 +37,8 @@ import time
 
 from ..core.cpulist import format_cpulist, parse_cpulist, parse_cpumask, parse_isolcpus
 from ..core.errors import CpulistError, StateError, VerifyError
+from ..hardware.power import per_cpu as power_per_cpu
+from ..hardware.power import read_power
 from ..hardware.topology import parse_kernel_cmdline
 from .housekeep import is_kernel_thread, per_cpu_bound
 from .state import DEFAULT_CONF_DIR, read_state, split_proc_stat, task_alive
@@ -46,6 +48,9 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping
 
 RESULT_VERSION = 1
+#: What the result shows of each checked CPU's power settings (hardware/power.py's per_cpu): its cpufreq
+#: governor and frequency range, and its deepest enabled idle state (None where the node has no driver).
+POWER_KEYS = ("governor", "scaling_min_khz", "scaling_max_khz", "deepest", "disabled")
 CHECKS = ("irq", "workqueue", "kthread", "rcu", "nohz", "process", "cmk", "latency")
 SEVERITIES = ("fail", "warn", "info")
 
@@ -1347,6 +1352,8 @@ def verify(
     ok = not any(f["severity"] == "fail" and f["check"] in fail_on for f in findings)
 
     rows = sorted(isolated | exclusive | set(comparison))
+    power = read_power(facts_root, rows)
+    power_of = power_per_cpu(power)
     per_cpu = {}
     for cpu in rows:
         named = [f for f in findings if cpu in set(parse_cpulist(f["cpus"]))]
@@ -1365,6 +1372,7 @@ def verify(
             "held_by": held_cpus.get(cpu),
             "found": seen,
             "latency": None if figures is None else {k: figures[k] for k in LATENCY_KEYS},
+            "power": {k: power_of[cpu][k] for k in POWER_KEYS} if cpu in power_of else None,
         }
     result = {
         "version": RESULT_VERSION,
@@ -1389,6 +1397,13 @@ def verify(
         "processes": processes,
         "cmk": cmk,
         "latency": latency_section,
+        "power": {
+            "cpufreq": power["cpufreq"]["driver"],
+            "mode": power["cpufreq"]["mode"],
+            "turbo": power["cpufreq"]["turbo"],
+            "cpuidle": power["cpuidle"]["driver"],
+            "uncore": power["uncore"]["driver"],
+        },
         "interrupts": {
             "seconds": round(seconds, 3),
             "grown": {str(cpu): grown[cpu] for cpu in sorted(grown)},

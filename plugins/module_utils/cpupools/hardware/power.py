@@ -1,0 +1,286 @@
+"""What a node offers for power and frequency, per CPU: cpufreq, cpuidle and the uncore, read from sysfs.
+
+The per-pool power settings (a governor or a fixed frequency for the
+exclusive pool, the deepest C-state it may enter, the uncore frequency) can
+only be planned against what the node's drivers offer, and ``verify.yml``
+reads the same files back. This module reads them, once per file:
+
+- cpufreq, per policy (``cpu/cpufreq/policyN``: ``affected_cpus``,
+  ``scaling_driver``, ``scaling_governor``, ``scaling_available_governors``,
+  ``cpuinfo_{min,max}_freq``, ``scaling_{min,max}_freq``, and with
+  intel_pstate or amd-pstate-epp in active mode
+  ``energy_performance_preference`` and its available values); the
+  intel_pstate or amd_pstate mode (``intel_pstate/status``,
+  ``amd_pstate/status``) and turbo (``intel_pstate/no_turbo``,
+  ``cpufreq/boost``). A CPU without a policy (a VM without a cpufreq
+  driver) has none.
+- cpuidle: the driver and governor (``cpu/cpuidle/current_driver``,
+  ``current_governor`` or ``current_governor_ro``) and, per online CPU,
+  each state's ``name``, exit ``latency`` and target ``residency`` (µs) and
+  whether it is ``disable``d (``cpuN/cpuidle/stateK``). The states are the
+  same on every CPU with intel_idle; acpi_idle takes them from each CPU's
+  ACPI ``_CST``, so they are read per CPU and grouped.
+- the uncore (``cpu/intel_uncore_frequency/``): one domain per directory,
+  ``package_PP_die_DD`` (the MSR driver) or ``uncoreNN`` (TPMI, with
+  ``package_id`` and ``domain_id``), each with its ``{min,max}_freq_khz``
+  and ``initial_{min,max}_freq_khz``.
+
+Nothing here is read by the topology facts the planner always takes (a
+node of 1,024 CPUs has ~16,000 cpuidle files): the facts module reads it
+when asked (``power: true``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from ..core.cpulist import format_cpulist, parse_cpulist
+from ..core.errors import CpupoolsError
+from .locality import CPU_DIR, read_text
+
+CPUFREQ_DIR = f"{CPU_DIR}/cpufreq"
+CPUIDLE_DIR = f"{CPU_DIR}/cpuidle"
+UNCORE_DIR = f"{CPU_DIR}/intel_uncore_frequency"
+UNCORE_DRIVER = "intel_uncore_frequency"
+#: The driver whose mode its own directory's ``status`` names: intel_pstate, amd_pstate (amd-pstate*).
+PSTATE_STATUS = {"intel_pstate": f"{CPU_DIR}/intel_pstate/status", "amd_pstate": f"{CPU_DIR}/amd_pstate/status"}
+_POLICY_RE = re.compile(r"^policy(\d+)$")
+_STATE_RE = re.compile(r"^state(\d+)$")
+_CPU_RE = re.compile(r"^cpu(\d+)$")
+_UNCORE_MSR_RE = re.compile(r"^package_(\d+)_die_(\d+)$")
+_UNCORE_TPMI_RE = re.compile(r"^uncore(\d+)$")
+
+
+class PowerError(CpupoolsError):
+    """A power setting the node cannot take."""
+
+
+@dataclass(frozen=True)
+class IdleState:
+    """One cpuidle state of a CPU: its index (``stateK``), name, exit latency and target residency (µs)."""
+
+    index: int
+    name: str
+    latency_us: int
+    residency_us: int
+
+    def to_facts(self) -> dict:
+        return {
+            "index": self.index,
+            "name": self.name,
+            "latency_us": self.latency_us,
+            "residency_us": self.residency_us,
+        }
+
+
+def _strip(text: str | None) -> str | None:
+    return None if text is None else text.strip()
+
+
+def _int(text: str | None) -> int | None:
+    value = _strip(text)
+    if value is None or not re.fullmatch(r"-?\d+", value):
+        return None
+    return int(value)
+
+
+def _words(text: str | None) -> list[str]:
+    return (_strip(text) or "").split()
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def _group(per_cpu: Mapping[int, dict]) -> list[dict]:
+    """CPUs with the same settings as one entry, ``cpus`` a compressed cpulist, in order of their first CPU."""
+    groups: dict[str, list[int]] = {}
+    values: dict[str, dict] = {}
+    for cpu in sorted(per_cpu):
+        key = repr(sorted(per_cpu[cpu].items()))
+        groups.setdefault(key, []).append(cpu)
+        values[key] = per_cpu[cpu]
+    return [{"cpus": format_cpulist(cpus), **values[key]} for key, cpus in groups.items()]
+
+
+def read_cpufreq(root: str) -> dict:
+    """The cpufreq driver, its mode and turbo, and per CPU the policy's settings (grouped)."""
+    base = os.path.join(root, CPUFREQ_DIR)
+    per_cpu: dict[int, dict] = {}
+    drivers: set[str] = set()
+    for name in sorted(_listdir(base)):
+        if not _POLICY_RE.match(name):
+            continue
+        policy = os.path.join(base, name)
+        cpus = _strip(read_text(os.path.join(policy, "affected_cpus")))
+        if not cpus:
+            continue  # every CPU of the policy is offline
+        driver = _strip(read_text(os.path.join(policy, "scaling_driver")))
+        if driver:
+            drivers.add(driver)
+        settings = {
+            "driver": driver,
+            "governor": _strip(read_text(os.path.join(policy, "scaling_governor"))),
+            "governors": _words(read_text(os.path.join(policy, "scaling_available_governors"))),
+            "min_khz": _int(read_text(os.path.join(policy, "cpuinfo_min_freq"))),
+            "max_khz": _int(read_text(os.path.join(policy, "cpuinfo_max_freq"))),
+            "scaling_min_khz": _int(read_text(os.path.join(policy, "scaling_min_freq"))),
+            "scaling_max_khz": _int(read_text(os.path.join(policy, "scaling_max_freq"))),
+            "epp": _strip(read_text(os.path.join(policy, "energy_performance_preference"))),
+            "epps": _words(read_text(os.path.join(policy, "energy_performance_available_preferences"))),
+        }
+        for cpu in parse_cpulist(cpus.replace(" ", ","), f"{CPUFREQ_DIR}/{name}/affected_cpus"):
+            per_cpu[cpu] = settings
+    driver = sorted(drivers)[0] if len(drivers) == 1 else (" ".join(sorted(drivers)) or None)
+    mode = None
+    for family, path in PSTATE_STATUS.items():
+        if driver and driver.replace("-", "_").startswith(family):
+            mode = _strip(read_text(os.path.join(root, path)))
+    no_turbo = _int(read_text(os.path.join(root, CPU_DIR, "intel_pstate", "no_turbo")))
+    boost = _int(read_text(os.path.join(base, "boost")))
+    turbo = (not no_turbo) if no_turbo is not None else (bool(boost) if boost is not None else None)
+    return {"driver": driver, "mode": mode, "turbo": turbo, "policies": _group(per_cpu)}
+
+
+def read_idle_states(root: str, cpu: int) -> tuple[list[IdleState], list[str]]:
+    """CPU ``cpu``'s cpuidle states, by index, and the names of those disabled."""
+    base = os.path.join(root, CPU_DIR, f"cpu{cpu}", "cpuidle")
+    states, disabled = [], []
+    indexes = sorted(int(m.group(1)) for m in map(_STATE_RE.match, _listdir(base)) if m)
+    for index in indexes:
+        path = os.path.join(base, f"state{index}")
+        name = _strip(read_text(os.path.join(path, "name"))) or f"state{index}"
+        states.append(
+            IdleState(
+                index,
+                name,
+                _int(read_text(os.path.join(path, "latency"))) or 0,
+                _int(read_text(os.path.join(path, "residency"))) or 0,
+            )
+        )
+        if _int(read_text(os.path.join(path, "disable"))):
+            disabled.append(name)
+    return states, disabled
+
+
+def read_cpuidle(root: str, cpus: Iterable[int]) -> dict:
+    """The cpuidle driver and governor, and per CPU its states and the disabled ones (grouped)."""
+    base = os.path.join(root, CPUIDLE_DIR)
+    driver = _strip(read_text(os.path.join(base, "current_driver")))
+    governor = _strip(read_text(os.path.join(base, "current_governor"))) or _strip(
+        read_text(os.path.join(base, "current_governor_ro"))
+    )
+    per_cpu: dict[int, dict] = {}
+    for cpu in cpus:
+        states, disabled = read_idle_states(root, cpu)
+        if states:
+            per_cpu[cpu] = {"states": [state.to_facts() for state in states], "disabled": disabled}
+    if driver == "none":
+        driver = None
+    return {"driver": driver, "governor": governor, "groups": _group(per_cpu)}
+
+
+def read_uncore(root: str) -> dict:
+    """The uncore frequency domains of intel_uncore_frequency (MSR or TPMI), or no driver."""
+    base = os.path.join(root, UNCORE_DIR)
+    names = _listdir(base)
+    domains = []
+    for name in sorted(names):
+        path = os.path.join(base, name)
+        msr, tpmi = _UNCORE_MSR_RE.match(name), _UNCORE_TPMI_RE.match(name)
+        if msr:
+            package, die = int(msr.group(1)), int(msr.group(2))
+        elif tpmi:
+            package = _int(read_text(os.path.join(path, "package_id")))
+            die = _int(read_text(os.path.join(path, "domain_id")))
+        else:
+            continue
+        domains.append(
+            {
+                "name": name,
+                "package": package,
+                "die": die,
+                "min_khz": _int(read_text(os.path.join(path, "min_freq_khz"))),
+                "max_khz": _int(read_text(os.path.join(path, "max_freq_khz"))),
+                "initial_min_khz": _int(read_text(os.path.join(path, "initial_min_freq_khz"))),
+                "initial_max_khz": _int(read_text(os.path.join(path, "initial_max_freq_khz"))),
+            }
+        )
+    return {"driver": UNCORE_DRIVER if domains else None, "domains": domains}
+
+
+def read_power(root: str, cpus: Iterable[int]) -> dict:
+    """What the node at ``root`` offers for power and frequency; ``cpus``: its online CPUs."""
+    return {"cpufreq": read_cpufreq(root), "cpuidle": read_cpuidle(root, cpus), "uncore": read_uncore(root)}
+
+
+def per_cpu(power: Mapping) -> dict[int, dict]:
+    """CPU -> its settings, from ``read_power``'s groups: ``governor``, ``scaling_min_khz``,
+    ``scaling_max_khz`` (None without cpufreq), ``states`` (names, by index), ``disabled``, and
+    ``deepest``: the enabled state with the longest exit latency (None without cpuidle)."""
+    out: dict[int, dict] = {}
+    for policy in power["cpufreq"]["policies"]:
+        for cpu in parse_cpulist(policy["cpus"]):
+            out.setdefault(cpu, {}).update(
+                governor=policy["governor"],
+                scaling_min_khz=policy["scaling_min_khz"],
+                scaling_max_khz=policy["scaling_max_khz"],
+            )
+    for group in power["cpuidle"]["groups"]:
+        enabled = [s for s in group["states"] if s["name"] not in group["disabled"]]
+        deepest = max(enabled, key=lambda s: (s["latency_us"], s["index"]))["name"] if enabled else None
+        for cpu in parse_cpulist(group["cpus"]):
+            out.setdefault(cpu, {}).update(
+                states=[s["name"] for s in group["states"]], disabled=list(group["disabled"]), deepest=deepest
+            )
+    for settings in out.values():
+        for key in ("governor", "scaling_min_khz", "scaling_max_khz", "deepest"):
+            settings.setdefault(key, None)
+        settings.setdefault("states", [])
+        settings.setdefault("disabled", [])
+    return out
+
+
+def parse_cstate_limit(value: object) -> tuple[str, object]:
+    """A C-state limit as given in the inventory: a state's name (``C1E``) or an exit latency in µs
+    (``latency:10`` or an integer): ``("name", "C1E")`` or ``("latency", 10)``."""
+    if isinstance(value, bool) or value is None:
+        raise PowerError(f"{value!r}: give a C-state's name (C1, C1E) or an exit latency in µs (latency:10)")
+    if isinstance(value, int):
+        latency = value
+    else:
+        text = str(value).strip()
+        if not text:
+            raise PowerError("'': give a C-state's name (C1, C1E) or an exit latency in µs (latency:10)")
+        match = re.fullmatch(r"(?:latency:)?\s*(\d+)\s*(?:us)?", text)
+        if not match:
+            return "name", text
+        latency = int(match.group(1))
+    if latency < 0:
+        raise PowerError(f"{value!r}: an exit latency is 0 or more µs")
+    return "latency", latency
+
+
+def states_to_disable(states: list[Mapping], limit: object, where: str = "this node") -> list[str]:
+    """The names of ``states`` (``IdleState.to_facts`` dicts) deeper than ``limit``: those with a longer
+    exit latency than the named state (or than the latency given). Refuses a name the node has not,
+    saying which it has; a latency below every state's keeps only the shallowest (POLL)."""
+    if not states:
+        raise PowerError(f"{where} has no cpuidle states (no cpuidle driver): a C-state limit cannot apply")
+    kind, wanted = parse_cstate_limit(limit)
+    if kind == "name":
+        named = [s for s in states if s["name"].lower() == str(wanted).lower()]
+        if not named:
+            have = ", ".join(f"{s['name']} ({s['latency_us']} µs)" for s in states)
+            raise PowerError(f"{wanted} is not a C-state of {where}; it has {have}")
+        ceiling = named[0]["latency_us"]
+        order = named[0]["index"]
+        return [s["name"] for s in states if (s["latency_us"], s["index"]) > (ceiling, order)]
+    shallowest = min(states, key=lambda s: (s["latency_us"], s["index"]))
+    return [s["name"] for s in states if s["latency_us"] > int(wanted) and s is not shallowest]
