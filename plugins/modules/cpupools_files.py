@@ -1,0 +1,171 @@
+#!/usr/bin/python
+# Copyright: the cpupools authors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+DOCUMENTATION = r"""
+---
+module: cpupools_files
+short_description: Write the text files the plan rendered for a stage, in one module run
+description:
+  - Writes each file of O(files) whose content, mode or owner differs from the
+    node's copy, atomically (a temporary file in the same directory, renamed
+    over the old one), owned by root, creating missing parent directories
+    (mode 0755, root). A file already as wanted is not touched (its mtime stays).
+  - One module run for all of a stage's small files (the plan play's
+    C(cpupools_converged) renders them, plugins/module_utils/cpupools/node/converge.py),
+    where a C(copy) loop runs one or two per file.
+  - Supports check mode (says which files would change, writes nothing) and
+    diff mode (each changed file's text before and after).
+version_added: "1.1.0"
+options:
+  root:
+    description: The node's root; every path is under it (tests use a sandbox).
+    type: path
+    default: /
+  files:
+    description: The files to write.
+    type: list
+    elements: dict
+    required: true
+    suboptions:
+      path:
+        description: The file's absolute path on the node (under O(root)).
+        type: str
+        required: true
+      content:
+        description: Its whole text.
+        type: str
+        required: true
+      mode:
+        description: Its mode, octal.
+        type: str
+        default: "0644"
+      stage:
+        description: The stage that writes it, as the plan's file records carry it; not used.
+        type: str
+      wanted:
+        description: Whether the plan wants it, as the plan's file records carry it; a file not wanted fails.
+        type: bool
+        default: true
+attributes:
+  check_mode:
+    support: full
+    description: Compares and writes nothing.
+  diff_mode:
+    support: full
+    description: Each changed file's text before and after.
+author:
+  - The cpupools authors (@cpupools)
+"""
+
+EXAMPLES = r"""
+- name: Write the housekeeper's configuration, service and timer
+  cpupools.cpupools.cpupools_files:
+    root: "{{ cpupools_root }}"
+    files:
+      - "{{ cpupools_plan_result.files.housekeep }}"
+      - "{{ cpupools_plan_result.files.housekeep_service }}"
+"""
+
+RETURN = r"""
+files:
+  description: Each file's path and why it was written (C(missing), C(content), C(mode), C(owner)), or null.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"path": "/etc/cpupools/housekeep.conf", "changed": "content"}]
+"""
+
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node.nodecode import under
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node.state import atomic_write
+
+ARGUMENT_SPEC = {
+    "root": {"type": "path", "default": "/"},
+    "files": {
+        "type": "list",
+        "elements": "dict",
+        "required": True,
+        "options": {
+            "path": {"type": "str", "required": True},
+            "content": {"type": "str", "required": True},
+            "mode": {"type": "str", "default": "0644"},
+            "stage": {"type": "str"},
+            "wanted": {"type": "bool", "default": True},
+        },
+    },
+}
+
+
+def difference(path, content, mode):
+    """Why ``path`` is not as wanted (``missing``, ``content``, ``mode``, ``owner``), and its old text."""
+    try:
+        with open(path, "rb") as handle:
+            old = handle.read()
+        info = os.stat(path)
+    except FileNotFoundError:
+        return "missing", ""
+    text = old.decode("utf-8", "replace")
+    if old != content.encode("utf-8"):
+        return "content", text
+    if info.st_mode & 0o7777 != mode:
+        return "mode", text
+    if os.geteuid() == 0 and (info.st_uid, info.st_gid) != (0, 0):
+        return "owner", text
+    return None, text
+
+
+def make_parents(directory):
+    """Create the missing directories of ``directory``, mode 0755, owned by root when run as root."""
+    missing = []
+    while directory and not os.path.isdir(directory):
+        missing.append(directory)
+        directory = os.path.dirname(directory)
+    for path in reversed(missing):
+        os.mkdir(path, 0o755)
+        os.chmod(path, 0o755)  # whatever the umask
+        if os.geteuid() == 0:
+            os.chown(path, 0, 0)
+
+
+def main():
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    root = module.params["root"]
+    results, diffs = [], []
+    for wanted in module.params["files"]:
+        if not wanted["wanted"]:
+            module.fail_json(msg=f"cpupools_files: {wanted['path']}: the plan does not want this file written")
+        if not wanted["path"].startswith("/"):
+            module.fail_json(msg=f"cpupools_files: {wanted['path']!r} is not an absolute path")
+        try:
+            mode = int(wanted["mode"], 8)
+        except ValueError:
+            module.fail_json(msg=f"cpupools_files: {wanted['path']}: mode {wanted['mode']!r} is not octal")
+        path = under(root, wanted["path"])
+        try:
+            why, before = difference(path, wanted["content"], mode)
+            if why and not module.check_mode:
+                make_parents(os.path.dirname(path))
+                atomic_write(path, wanted["content"], mode=mode, gid=0 if os.geteuid() == 0 else None)
+                if os.geteuid() == 0:
+                    os.chown(path, 0, 0)
+        except OSError as exc:
+            module.fail_json(msg=f"cpupools_files: {wanted['path']}: {exc.strerror}", files=results)
+        results.append({"path": wanted["path"], "changed": why})
+        if why and module._diff:
+            diffs.append(
+                {
+                    "before_header": wanted["path"],
+                    "after_header": wanted["path"],
+                    "before": before,
+                    "after": wanted["content"],
+                }
+            )
+    changed = any(result["changed"] for result in results)
+    module.exit_json(changed=changed, files=results, diff=diffs)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""cpupools_files: a stage's rendered files in one module run; check mode, diff, nothing rewritten twice."""
+
+from __future__ import annotations
+
+import os
+
+from helpers import run_module
+
+CONF = {"path": "/etc/cpupools/housekeep.conf", "content": "isolated=2-3\nhousekeeping=0\n", "mode": "0644"}
+UNIT = {
+    "path": "/etc/systemd/system/cpupools-housekeep.timer",
+    "content": "[Timer]\n",
+    "mode": "0644",
+    "stage": "agent",
+}
+
+
+def test_writes_what_differs_once_check_mode_and_diff_say_it_first(tmp_path):
+    root = tmp_path / "node"
+    root.mkdir()
+    args = {"root": str(root), "files": [CONF, UNIT]}
+    checked = run_module("cpupools_files", {**args, "_ansible_check_mode": True, "_ansible_diff": True}, tmp_path)
+    assert checked["changed"] and [f["changed"] for f in checked["files"]] == ["missing", "missing"]
+    assert checked["diff"][0] == {
+        "before_header": CONF["path"],
+        "after_header": CONF["path"],
+        "before": "",
+        "after": CONF["content"],
+    }
+    assert os.listdir(root) == []  # check mode wrote nothing, not even a directory
+    written = run_module("cpupools_files", args, tmp_path)
+    assert written["changed"]
+    conf = root / "etc/cpupools/housekeep.conf"
+    assert conf.read_text() == CONF["content"] and oct(conf.stat().st_mode & 0o7777) == "0o644"
+    assert oct((root / "etc/cpupools").stat().st_mode & 0o7777) == "0o755"
+    mtime = conf.stat().st_mtime_ns
+    again = run_module("cpupools_files", {**args, "_ansible_diff": True}, tmp_path)
+    assert not again["changed"] and again["diff"] == [] and conf.stat().st_mtime_ns == mtime
+    # A mode, then a content, changed by hand: each file is written back, and only that one.
+    conf.chmod(0o600)
+    (root / "etc/systemd/system/cpupools-housekeep.timer").write_text("[Timer]\nOnBootSec=1s\n")
+    fixed = run_module("cpupools_files", args, tmp_path)
+    assert [f["changed"] for f in fixed["files"]] == ["mode", "content"]
+    assert oct(conf.stat().st_mode & 0o7777) == "0o644"
+    assert (root / "etc/systemd/system/cpupools-housekeep.timer").read_text() == UNIT["content"]
+    assert sorted(os.listdir(root / "etc/cpupools")) == ["housekeep.conf"]  # no temporary file left
+
+
+def test_a_path_the_plan_cannot_mean_is_refused(tmp_path):
+    relative = run_module("cpupools_files", {"root": str(tmp_path), "files": [{**CONF, "path": "etc/x"}]}, tmp_path)
+    assert relative["failed"] and "'etc/x' is not an absolute path" in relative["msg"]
+    unwanted = run_module("cpupools_files", {"root": str(tmp_path), "files": [{**CONF, "wanted": False}]}, tmp_path)
+    assert unwanted["failed"] and "does not want this file written" in unwanted["msg"]
+    mode = run_module("cpupools_files", {"root": str(tmp_path), "files": [{**CONF, "mode": "rw"}]}, tmp_path)
+    assert mode["failed"] and "is not octal" in mode["msg"]
