@@ -111,6 +111,8 @@ def test_the_zipapp_holds_exactly_what_cmk_imports(alone, tmp_path):
     kubeconfig.write_text(KUBECONFIG)
     metrics = tmp_path / "metrics"
     metrics.mkdir()
+    housekeep = tmp_path / "housekeep.conf"  # its --check only reads /proc and sys/, and the pool state
+    housekeep.write_text(f"isolated=1\nhousekeeping=0\nconf_dir={conf}\n")
     commands = [
         (["isolate", f"--conf-dir={conf}", "--pool=shared", "--", "/bin/true"], 0),
         (["isolate", f"--conf-dir={two}", "--pool=exclusive", "--no-affinity", "--", "/bin/true"], 0),
@@ -122,6 +124,7 @@ def test_the_zipapp_holds_exactly_what_cmk_imports(alone, tmp_path):
         (["node-report", f"--conf-dir={conf}"], 0),
         (["--help"], 0),
         (["frobnicate"], None),
+        (["housekeep", f"--config={housekeep}", "--check"], 0),
         (
             [
                 "reconcile",

@@ -16,6 +16,8 @@ from cpupools.planning.inputs import validate_inputs
 from helpers import REPO
 
 OUTPUTS = {
+    "isolated_cpus": "1-3,5-7",
+    "housekeeping_cpus": "0,4",
     "cpu_affinity": "0 4",
     "irqbalance_banned_cpulist": "1-3,5-7",
     "kubelet_reserved_system_cpus": "1-3,5-7",

@@ -1,6 +1,6 @@
 """node/housekeep.py: which kernel threads and host tasks leave the isolated CPUs, and moving them.
 
-The tasks are read as verify reads them (``verify.read_tasks``) from a /proc
+The tasks are read as verify reads them (``tasks.read_tasks``) from a /proc
 written in the kernel's formats (tests/fixtures/procfs.py), with flags and
 affinities as a real 6.x kernel shows them: kswapd0 and kcompactd0 bound to
 their node, ksoftirqd per CPU and PF_NO_SETAFFINITY, an unbound kworker, an
@@ -16,9 +16,11 @@ import subprocess
 import sys
 
 import pytest
+from cpupools.core.cpulist import format_cpulist
+from cpupools.core.errors import StateError
 from cpupools.node import housekeep
-from cpupools.node.verify import Facts, read_tasks
-from procfs import KTHREAD_FLAGS, PERCPU_KTHREAD_FLAGS, Kernel, Task, write_kernel
+from cpupools.node.tasks import Facts, read_tasks
+from procfs import KTHREAD_FLAGS, PERCPU_KTHREAD_FLAGS, Kernel, Task, write, write_kernel
 
 #: An 8-CPU node, two NUMA nodes (0-3, 4-7); CPUs 2-3 and 6-7 isolated, 0 and 4 housekeeping, 1 and 5 shared.
 ISOLATED = {2, 3, 6, 7}
@@ -32,6 +34,10 @@ POD = (
 
 
 def _node(tmp_path) -> list[dict]:
+    return read_tasks(Facts(str(_node_root(tmp_path))), pods=True)
+
+
+def _node_root(tmp_path, **more):
     kernel = Kernel(
         cpus=8,
         tasks=[
@@ -59,9 +65,12 @@ def _node(tmp_path) -> list[dict]:
             Task(500, "dpdk-app", [3], 3, cgroup="0::/system.slice/dpdk.service\n"),
             Task(501, "cmk-held-unpinned", list(ONLINE), 1, cgroup="0::/system.slice/app.service\n"),
         ],
+        **more,
     )
     root = write_kernel(tmp_path / "node", kernel)
-    return read_tasks(Facts(str(root)), pods=True)
+    for node, cpus in enumerate(NODES):
+        write(root, f"sys/devices/system/node/node{node}/cpulist", format_cpulist(cpus) + "\n")
+    return root
 
 
 def test_what_moves_and_where(tmp_path):
@@ -158,3 +167,76 @@ def test_a_real_process_is_moved_and_a_re_run_finds_nothing(tmp_path):
         proc.wait()
     # The process is gone: moving it again says so instead of failing.
     assert {r["status"] for r in housekeep.apply_moves(moves)} == {"gone"}
+
+
+def _config(**more) -> dict:
+    text = housekeep.render_config("2-3,6-7", "0,4", None, more.pop("keep", ()))
+    return {**housekeep.parse_config(text), **more}
+
+
+def test_the_pass_on_a_node_in_check_mode_then_for_real(tmp_path):
+    """``housekeep``: what ``cmk housekeep`` does with the agent stage's configuration; check mode moves
+    and writes nothing, the real pass moves each thread and rewrites the workqueue masks that hold an
+    isolated CPU (as sysfs takes them), leaving the others."""
+    root = _node_root(tmp_path, workqueue=list(ONLINE), workqueues={"writeback": [0, 4], "blkcg_punt_bio": [2, 5]})
+    facts = Facts(str(root))
+    calls = []
+    checked = housekeep.housekeep(_config(), facts, facts, check=True, setaffinity=lambda *a: calls.append(a))
+    assert calls == []
+    assert {m["status"] for m in checked["moves"]} == {"would move"}
+    assert {m["comm"] for m in checked["moves"]} >= {"kswapd0", "systemd-udevd", "cmk-held-unpinned"}
+    assert [(q["path"], q["from"], q["status"]) for q in checked["workqueues"]] == [
+        ("/sys/devices/virtual/workqueue/cpumask", "0-7", "would write"),
+        ("/sys/devices/virtual/workqueue/blkcg_punt_bio/cpumask", "2,5", "would write"),
+    ]
+    assert (root / "sys/devices/virtual/workqueue/cpumask").read_text() == "ff\n"
+    done = housekeep.housekeep(_config(), facts, facts, setaffinity=lambda tid, cpus: calls.append((tid, set(cpus))))
+    assert dict(calls)[45] == {0} and dict(calls)[218] == {0, 4}
+    assert {m["status"] for m in done["moves"]} == {"moved"}
+    assert (root / "sys/devices/virtual/workqueue/cpumask").read_text() == "11\n"
+    assert (root / "sys/devices/virtual/workqueue/blkcg_punt_bio/cpumask").read_text() == "11\n"
+    assert (root / "sys/devices/virtual/workqueue/writeback/cpumask").read_text() == "11\n"  # never touched
+    assert done["summary"].startswith(f"{len(calls)} thread(s) to move off the isolated CPUs: {len(calls)} moved")
+
+
+def test_a_workload_and_what_it_started_are_never_moved_nor_the_names_kept(tmp_path):
+    tasks = [
+        {"pid": 10, "tgid": 10, "ppid": 1, "comm": "app", "flags": 0, "allowed": list(ONLINE)},
+        {"pid": 11, "tgid": 11, "ppid": 10, "comm": "app-child", "flags": 0, "allowed": list(ONLINE)},
+        {"pid": 12, "tgid": 11, "ppid": 10, "comm": "app-thread", "flags": 0, "allowed": list(ONLINE)},
+        {"pid": 13, "tgid": 13, "ppid": 11, "comm": "grandchild", "flags": 0, "allowed": list(ONLINE)},
+        {"pid": 20, "tgid": 20, "ppid": 1, "comm": "other", "flags": 0, "allowed": list(ONLINE)},
+        {"pid": 21, "tgid": 21, "ppid": 1, "comm": "ptp4l", "flags": 0, "allowed": list(ONLINE)},
+    ]
+    assert housekeep.workloads(tasks, {10}) == {10, 11, 13}
+    moves = housekeep.plan_moves(tasks, ISOLATED, HOUSEKEEPING, ONLINE, held=housekeep.workloads(tasks, {10}))
+    assert [m.comm for m in moves] == ["other", "ptp4l"]
+    moves = housekeep.plan_moves(tasks, ISOLATED, HOUSEKEEPING, ONLINE, keep=["ptp4l|phc2sys", "oth"])
+    assert "ptp4l" not in [m.comm for m in moves] and "other" in [m.comm for m in moves]  # whole names only
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("", r"no isolated or housekeeping="),
+        ("isolated=2-3\n", r"no housekeeping="),
+        ("isolated=2-3\nhousekeeping=x\n", "housekeeping"),
+        ("isolated=2-3\nhousekeeping=\n", "no housekeeping CPUs"),
+        ("isolated=2-3\nhousekeeping=0\nkeep=(\n", r":3: keep=\(: not a regular expression"),
+        ("isolated=2-3\nhousekeeping=0\nconf_dir=etc/cmk\n", "not an absolute path"),
+        ("isolated=2-3\nhousekeeping=0\nbogus=1\n", r":3: not a housekeeper configuration line"),
+        ('{"isolated": "2-3"}', r":1: not a housekeeper configuration line"),
+    ],
+)
+def test_a_configuration_that_cannot_be_used_is_refused(text, why):
+    with pytest.raises(StateError, match=why):
+        housekeep.parse_config(text)
+
+
+def test_the_configuration_reads_back_what_was_rendered():
+    text = housekeep.render_config("2-3,6-7", "0,4", "/etc/cmk", ["ptp4l|phc2sys", "a=b"])
+    assert text.startswith(housekeep.CONFIG_HEADER)
+    config = housekeep.parse_config(text)
+    assert (config["isolated"], config["housekeeping"], config["conf_dir"]) == ([2, 3, 6, 7], [0, 4], "/etc/cmk")
+    assert [pattern.pattern for pattern in config["keep"]] == ["ptp4l|phc2sys", "a=b"]
+    assert housekeep.parse_config(housekeep.render_config("2", "0", None))["conf_dir"] is None

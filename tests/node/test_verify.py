@@ -294,8 +294,8 @@ def test_a_per_node_kernel_thread_on_an_isolated_cpu_is_a_warning_that_says_how_
     assert warn["cpus"] == "2"
     assert warn["message"] == (
         "kernel thread 92 (kswapd0) last ran on isolated CPU 2 (allowed 0-2): the kernel binds it to its NUMA "
-        "node's CPUs, isolated ones included, and wake-ups keep it where it last ran; cpupools does not move "
-        "kernel threads yet: move it with taskset -pc 0-1 92"
+        "node's CPUs, isolated ones included, and wake-ups keep it where it last ran; the housekeeper "
+        "(cpupools_housekeep, cmk housekeep) moves it at boot and every interval, or by hand: taskset -pc 0-1 92"
     )
     (fail,) = by_check(result, "kthread", "fail")
     assert fail["message"] == "kernel thread 93 (kworker/u12:7) last ran on isolated CPU 3 (allowed 0-3)"

@@ -150,6 +150,28 @@ CASES = [
         cli=("cpupools_reconcile_interval=soon",),
     ),
     Case("interval-zero", "cpupools_reconcile_interval", "0 is below 1", cli=("cpupools_reconcile_interval=0",)),
+    # the housekeeper (one host each in the fleet run: group_vars)
+    Case(
+        "housekeep-word", "cpupools_housekeep", "'sometimes' is not a boolean", yaml="cpupools_housekeep: sometimes\n"
+    ),
+    Case(
+        "housekeep-interval-short",
+        "cpupools_housekeep_interval",
+        "5 is below 10",
+        yaml="cpupools_housekeep_interval: 5\n",
+    ),
+    Case(
+        "housekeep-keep-text",
+        "cpupools_housekeep_keep",
+        "'ptp4l,phc2sys' is not a list of arguments",
+        yaml="cpupools_housekeep_keep: ptp4l,phc2sys\n",
+    ),
+    Case(
+        "housekeep-keep-regex",
+        "cpupools_housekeep_keep",
+        "'ptp4l(' is not a regular expression",
+        yaml="cpupools_housekeep_keep: ['ptp4l(']\n",
+    ),
     Case(
         "bool-word",
         "cpupools_k8s_taint",

@@ -5,7 +5,10 @@ Subcommands (CMK's command lines; docs/agent.md has the full reference):
 * ``isolate``: take cpulists of a pool, pin, run a command, give them back;
 * ``reconcile``: free the cpulists of dead processes and of reused PIDs;
 * ``describe``: the pool state as CMK's JSON;
-* ``node-report``: topology, state and overlap checks as CMK's JSON.
+* ``node-report``: topology, state and overlap checks as CMK's JSON;
+* ``housekeep``: move kernel threads and host tasks off the isolated CPUs
+  (cpupools' own, for every runtime: its unit runs the zipapp at boot and on
+  a timer).
 
 Startup time matters (``cmk isolate`` wraps every workload start), so this
 module imports only what ``isolate`` needs: no ``signal`` (``_signal`` is the
@@ -48,12 +51,13 @@ usage:
                 [--kubeconfig=FILE] [--node-name=NODE]
   cmk describe [--conf-dir=DIR]
   cmk node-report [--conf-dir=DIR] [--interval=SECONDS] [--publish]
+  cmk housekeep [--config=FILE] [--check]
 
 environment: CMK_NUM_CORES (isolate, exclusive pools; default 1), CMK_NUMA_LOCALITY
 (isolate: 1 takes several exclusive cpulists from one NUMA node and as few L3
 caches as can be, 0 the first free ones in hand-out order; default 1),
 CPUPOOLS_SYSFS_ROOT (where sys/ is read; default /), CMK_PROC_FS
-(host /proc; default /proc), CMK_LOCK_TIMEOUT (seconds; default 30),
+(host /proc; default /proc; housekeep: a directory named proc), CMK_LOCK_TIMEOUT (seconds; default 30),
 CMK_ISOLATE_SHELL (isolate: 1 runs "COMMAND ARGS..." through /bin/sh -c as CMK
 v1.4 did, 0 runs argv; default: isolate_shell in <conf-dir>/cpupools.agent, else 0),
 CPUPOOLS_METRICS_DIR (reconcile's node_exporter textfile directory),
@@ -87,6 +91,7 @@ _OPTIONS = {
     },
     "describe": {"--conf-dir": True, "--namespace": True},
     "node-report": {"--conf-dir": True, "--interval": True, "--publish": False, "--namespace": True},
+    "housekeep": {"--config": True, "--check": False},
 }
 
 
@@ -101,7 +106,7 @@ def parse_args(argv: list[str]) -> tuple[str, dict[str, str | bool], list[str]]:
     sub = argv[0]
     known = _OPTIONS.get(sub)
     if known is None:
-        raise UsageError(f"unknown subcommand {show(sub)} (isolate, reconcile, describe, node-report)")
+        raise UsageError(f"unknown subcommand {show(sub)} (isolate, reconcile, describe, node-report, housekeep)")
     opts: dict[str, str | bool] = {}
     positional: list[str] = []
     rest = argv[1:]
@@ -619,6 +624,8 @@ def run(argv: list[str], environ: dict[str, str] | os._Environ) -> int:
 
     if sub == "reconcile":
         return agent_report.cmd_reconcile(opts, environ)
+    if sub == "housekeep":
+        return agent_report.cmd_housekeep(opts, environ)
     return agent_report.cmd_json(sub, opts, environ)
 
 

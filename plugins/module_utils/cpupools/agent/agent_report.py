@@ -1,4 +1,4 @@
-"""``cmk reconcile``, ``describe`` and ``node-report``: the agent's reporting side.
+"""``cmk reconcile``, ``describe``, ``node-report`` and ``housekeep``: the agent's reporting side.
 
 Split from ``agent.py`` so that ``cmk isolate``, which runs on every workload
 start, does not load it.
@@ -418,3 +418,41 @@ def cmd_json(sub: str, opts: dict[str, str | bool], environ: dict[str, str] | os
         if interval <= 0:
             return EXIT_OK
         time.sleep(interval)
+
+
+# housekeep ----------------------------------------------------------------------
+
+
+def cmd_housekeep(opts: dict[str, str | bool], environ: dict[str, str] | os._Environ) -> int:
+    """``cmk housekeep``: one pass of the housekeeper (node/housekeep.py), its result as JSON on stdout and
+    its summary on stderr (the journal's line). A configuration that cannot be used is status 78."""
+    import json
+
+    from ..node import housekeep as hk
+    from ..node.tasks import Facts
+
+    path = checked_path("--config", str(opts.get("--config") or hk.CONFIG_PATH))
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError as exc:
+        raise StateError(f"{path}: {exc.strerror}") from None
+    config = hk.parse_config(text, path)
+    proc_fs = proc_fs_of(environ)
+    if os.path.basename(proc_fs.rstrip("/")) != "proc":
+        raise StateError(f"CMK_PROC_FS={proc_fs}: housekeep reads a directory named proc")
+    sysfs = checked_path("CPUPOOLS_SYSFS_ROOT", environ.get("CPUPOOLS_SYSFS_ROOT") or "/")
+    result = hk.housekeep(
+        config,
+        Facts(os.path.dirname(proc_fs.rstrip("/")) or "/"),
+        Facts(sysfs),
+        proc_fs=proc_fs,
+        check=bool(opts.get("--check")),
+    )
+    sys.stdout.write(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    lines = [result["summary"], *(f"{q['path']}: {q['from']} -> {q['to']} {q['status']}" for q in result["workqueues"])]
+    if "problem" in result:
+        lines.append(result["problem"])
+    for line in lines:
+        sys.stderr.write(f"cmk housekeep: {line}\n")
+    return EXIT_OK

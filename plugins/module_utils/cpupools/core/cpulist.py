@@ -155,6 +155,22 @@ def format_cpumask(cpus: Iterable[int]) -> str:
     return f"{mask:X}"
 
 
+def format_sysfs_cpumask(cpus: Iterable[int]) -> str:
+    """Bitmask of ``cpus`` as sysfs prints and takes it: lowercase hex, a comma between 32-bit words
+    (``ff,ffffffff``); the kernel refuses a word of more than 32 bits."""
+    mask = 0
+    for cpu in cpus:
+        mask |= 1 << cpu
+    words = []
+    while True:
+        words.append(mask & 0xFFFFFFFF)
+        mask >>= 32
+        if not mask:
+            break
+    words.reverse()
+    return ",".join([f"{words[0]:x}", *(f"{word:08x}" for word in words[1:])])
+
+
 def parse_cpumask(text: str, what: str = "cpumask") -> list[int]:
     """CPUs of a hex bitmask as sysfs prints it (``cpumask``, ``smp_affinity``).
 

@@ -3,7 +3,9 @@
 The stages of site.yml write the kernel arguments (the ``kernel`` stage:
 boot loader, optional drop-ins for systemd, irqbalance and the kubelet) and
 the node agent (the ``agent`` stage: the ``cmk`` launcher and zipapp, the pool
-state, the agent's settings, the reconcile service and timer). This module
+state, the agent's settings, the reconcile service and timer; on every
+runtime, the housekeeper: the zipapp's copy it runs from, its configuration,
+its service and timer). This module
 derives every one of those artefacts with the functions the stages use and
 compares each with the node, so that one module execution per host can say
 which stages have work to do and why. The files the stages write are
@@ -28,6 +30,8 @@ from ..hardware.topology import Topology
 from .bootloader import Host, Runner
 from .bootloader import converge as converge_kernel
 from .cmk15 import configmap_name, traces_on_node
+from .housekeep import CONFIG_PATH as HOUSEKEEP_CONFIG
+from .housekeep import render_config as render_housekeep_config
 from .kargs import resolve_isolcpus_flags
 from .kubelet import HEADER as KUBELET_HEADER
 from .kubelet import Node as KubeletNode
@@ -49,6 +53,10 @@ KUBELET_FILE = "50-cpupools.conf"
 UNIT_DIR = "/etc/systemd/system"
 UNIT = "cpupools-reconcile"
 SETTINGS_FILE = "cpupools.agent"
+#: The housekeeper (node/housekeep.py): the agent's zipapp copied where every runtime has it (on a cmk
+#: node too: /opt/bin, the directory pods mount, holds cmk's own), its unit and its configuration.
+HOUSEKEEP_UNIT = "cpupools-housekeep"
+HOUSEKEEP_PROGRAM = "/usr/local/lib/cpupools/cpupools.pyz"
 DEFAULT_EXCLUSIVE_RESOURCE = "cmk.intel.com/exclusive-cores"
 DEFAULT_ENI_RESOURCE = "cmk.intel.com/exclusive-non-isolcpus-cores"
 
@@ -145,13 +153,28 @@ def render_reconcile_service(values: Mapping, host: str) -> str:
     )
 
 
-def render_reconcile_timer(values: Mapping) -> str:
-    interval = values["reconcile_interval"]
+def render_timer(command: str, interval: int) -> str:
+    """A timer that starts its service ``interval`` seconds after boot and every ``interval`` seconds."""
     return (
         HEADER + "[Unit]\n"
-        f"Description=cpupools: run cmk reconcile every {interval} s\n\n"
+        f"Description=cpupools: run cmk {command} every {interval} s\n\n"
         f"[Timer]\nOnBootSec={interval}s\nOnUnitActiveSec={interval}s\nAccuracySec=1s\n\n"
         "[Install]\nWantedBy=timers.target\n"
+    )
+
+
+def render_housekeep_service() -> str:
+    return (
+        HEADER + "[Unit]\n"
+        "Description=cpupools: keep kernel threads and host tasks off the isolated CPUs (cmk housekeep)\n"
+        "Documentation=https://github.com/cpupools/cpupools/blob/main/docs/agent.md#the-housekeeper\n"
+        # After what resets tasks' CPUs at start: the kubelet enabling the cpuset controller, udev's workers.
+        "After=systemd-udevd.service containerd.service kubelet.service\n"
+        f"ConditionPathExists={HOUSEKEEP_CONFIG}\n\n"
+        "[Service]\nType=oneshot\n"
+        f"ExecStart=/usr/bin/env python3 -IS {HOUSEKEEP_PROGRAM} housekeep --config={HOUSEKEEP_CONFIG}\n"
+        "Environment=CMK_PROC_FS=/proc\n\n"
+        "[Install]\nWantedBy=multi-user.target\n"
     )
 
 
@@ -192,9 +215,44 @@ def desired_files(values: Mapping, outputs: Mapping, host: str, pid_ns: int) -> 
             0o644,
         ),
         "service": NodeFile("agent", f"{UNIT_DIR}/{UNIT}.service", render_reconcile_service(values, host), 0o644),
-        "timer": NodeFile("agent", f"{UNIT_DIR}/{UNIT}.timer", render_reconcile_timer(values), 0o644),
+        "timer": NodeFile(
+            "agent", f"{UNIT_DIR}/{UNIT}.timer", render_timer("reconcile", values["reconcile_interval"]), 0o644
+        ),
+        "housekeep": NodeFile(
+            "agent",
+            HOUSEKEEP_CONFIG,
+            render_housekeep_config(
+                outputs["isolated_cpus"],
+                outputs["housekeeping_cpus"],
+                values["conf_dir"] if values["runtime"] == "cmk" else None,
+                values["housekeep_keep"],
+            ),
+            0o644,
+            True,
+            bool(values["housekeep"]),
+        ),
+        "housekeep_service": NodeFile(
+            "agent",
+            f"{UNIT_DIR}/{HOUSEKEEP_UNIT}.service",
+            render_housekeep_service(),
+            0o644,
+            True,
+            bool(values["housekeep"]),
+        ),
+        "housekeep_timer": NodeFile(
+            "agent",
+            f"{UNIT_DIR}/{HOUSEKEEP_UNIT}.timer",
+            render_timer("housekeep", values["housekeep_interval"]),
+            0o644,
+            True,
+            bool(values["housekeep"]),
+        ),
     }
     return files
+
+
+#: The housekeeper's files, in the order the agent stage writes them.
+HOUSEKEEP_FILES = ("housekeep", "housekeep_service", "housekeep_timer")
 
 
 #: Which inventory switch turns each optional drop-in on.
@@ -299,25 +357,8 @@ def agent_reasons(
 ) -> list[str]:
     """What the agent stage would change: the build, cmk, the pool state, the settings, the units."""
     root = values["root"]
-    reasons = []
-    if not build:
-        reasons.append("cmk: no build of the agent was given to compare with")
-    else:
-        if build.get("stale"):
-            reasons.append("cmk: the controller's build/agent is out of date")
-        dest = values["agent_path"]
-        reason = directory_difference(root, os.path.dirname(dest) or "/")
-        if reason:
-            reasons.append(f"cmk: {reason}")
-        for suffix, key in ((".pyz", "pyz_sha256"), ("", "launcher_sha256")):
-            path = under(root, dest + suffix)
-            digest = sha256_of(path)
-            if digest is None:
-                reasons.append(f"cmk: {dest}{suffix} is missing")
-            elif digest != build.get(key):
-                reasons.append(f"cmk: {dest}{suffix} differs from the build")
-            elif stat.S_IMODE(os.stat(path).st_mode) != 0o755:
-                reasons.append(f"cmk: {dest}{suffix} is not mode 0755")
+    dest = values["agent_path"]
+    reasons = built_reasons("cmk", root, build, ((dest + ".pyz", "pyz_sha256"), (dest, "launcher_sha256")))
     if state["changed"]:
         reasons.append("pool state: " + ("differs from the plan" if state["after"] != state["before"] else "re-pin"))
     if root != "/":
@@ -334,6 +375,64 @@ def agent_reasons(
             reasons.append(f"units: {timer} is not enabled")
         if systemctl(["is-active", "--quiet", timer]) != 0:
             reasons.append(f"units: {timer} is not active")
+    return reasons + housekeep_reasons(values, files, build, systemctl)
+
+
+def built_reasons(name: str, root: str, build: Mapping | None, copies: Sequence[tuple[str, str]]) -> list[str]:
+    """Why the node's copies of the controller's build (``(path, digest key)``, mode 0755, in a directory
+    of mode 0755) are not the build's."""
+    if not build:
+        return [f"{name}: no build of the agent was given to compare with"]
+    reasons = [f"{name}: the controller's build/agent is out of date"] if build.get("stale") else []
+    for directory in dict.fromkeys(os.path.dirname(path) or "/" for path, _key in copies):
+        reason = directory_difference(root, directory)
+        if reason:
+            reasons.append(f"{name}: {reason}")
+    for dest, key in copies:
+        path = under(root, dest)
+        digest = sha256_of(path)
+        if digest is None:
+            reasons.append(f"{name}: {dest} is missing")
+        elif digest != build.get(key):
+            reasons.append(f"{name}: {dest} differs from the build")
+        elif stat.S_IMODE(os.stat(path).st_mode) != 0o755:
+            reasons.append(f"{name}: {dest} is not mode 0755")
+    return reasons
+
+
+def housekeep_reasons(
+    values: Mapping,
+    files: Mapping[str, NodeFile],
+    build: Mapping | None,
+    systemctl: Callable[[Sequence[str]], int] | None,
+) -> list[str]:
+    """What the agent stage would change of the housekeeper, on every runtime: its program (the build's
+    zipapp), configuration and units when ``cpupools_housekeep`` is on, their removal when it is off."""
+    root = values["root"]
+    if not values["housekeep"] or values.get("state") == "absent":
+        paths = [
+            *(files[name].path for name in HOUSEKEEP_FILES[1:]),
+            os.path.dirname(HOUSEKEEP_CONFIG),
+            os.path.dirname(HOUSEKEEP_PROGRAM),
+        ]
+        return [
+            f"housekeep: {path} is present but cpupools_housekeep is false"
+            for path in paths
+            if os.path.lexists(under(root, path))
+        ]
+    reasons = built_reasons("housekeep", root, build, ((HOUSEKEEP_PROGRAM, "pyz_sha256"),))
+    reason = directory_difference(root, os.path.dirname(HOUSEKEEP_CONFIG), root_owned=True)
+    if reason:
+        reasons.append(f"housekeep: {reason}")
+    for name in HOUSEKEEP_FILES:
+        reason = file_difference(root, files[name])
+        if reason:
+            reasons.append(f"housekeep: {reason}")
+    if manage_services(values) and systemctl is not None:
+        timer, service = f"{HOUSEKEEP_UNIT}.timer", f"{HOUSEKEEP_UNIT}.service"
+        for unit, check in ((service, "is-enabled"), (timer, "is-enabled"), (timer, "is-active")):
+            if systemctl([check, "--quiet", unit]) != 0:
+                reasons.append(f"housekeep: {unit} is not {check[3:]}")
     return reasons
 
 
@@ -450,7 +549,9 @@ def check_node(
             *kubelet_reasons(values, plan, topology, kubelet_io),
             *hugepages_reasons(plan, root),
         ],
-        "agent": agent_reasons(values, state, files, build, systemctl) if cmk else agent_leftovers(values, root),
+        "agent": agent_reasons(values, state, files, build, systemctl)
+        if cmk
+        else agent_leftovers(values, root) + housekeep_reasons(values, files, build, systemctl),
     }
     return {
         "stages": stages,

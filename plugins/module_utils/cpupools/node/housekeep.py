@@ -33,6 +33,16 @@ exited in between is ``gone``; one whose cpuset does not allow the
 housekeeping CPUs is ``refused`` (it keeps its CPUs, and the result names
 it). Reading and deciding write nothing, so check mode runs the same code
 up to ``apply_moves``.
+
+On the node, ``housekeep`` does the whole pass from the configuration the
+agent stage writes (``render_config``: the isolated and housekeeping CPUs,
+the pool state of a cmk node, the task names never to move): ``cmk
+housekeep`` runs it, at boot and on a timer (docs/agent.md). It also takes
+the isolated CPUs out of the unbound workqueues' mask
+(``/sys/devices/virtual/workqueue/cpumask``) and out of each workqueue's own
+(``WQ_SYSFS``) mask, which kernels before 6.10 do not do for ``isolcpus``.
+A cmk workload and every process it started are left alone: with
+``--no-affinity`` it is allowed everywhere on purpose.
 """
 
 from __future__ import annotations
@@ -43,7 +53,9 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from ..core.cpulist import format_cpulist
+from ..core.cpulist import format_cpulist, format_sysfs_cpumask, parse_cpulist, parse_cpumask
+from ..core.errors import CpulistError, StateError
+from .tasks import Facts, kernel_cpus, read_cmk_held, read_node_masks, read_tasks
 
 #: ``/proc/PID/stat`` field 9 flags (include/linux/sched.h).
 PF_KTHREAD = 0x00200000
@@ -96,16 +108,19 @@ def plan_moves(
     online: Iterable[int],
     node_masks: Iterable[Iterable[int]] = (),
     held: Iterable[int] = (),
+    keep: Iterable[str] = (),
 ) -> list[Move]:
-    """The threads of ``tasks`` (``verify.read_tasks``, with ``pods=True``) to move, in the order read.
+    """The threads of ``tasks`` (``tasks.read_tasks``, with ``pods=True``) to move, in the order read.
 
     ``isolated``: the CPUs to keep free (the plan's isolated CPUs);
     ``housekeeping``: where the moved threads go; ``online``: the node's
     online CPUs (a task allowed on all of them is one nobody pinned);
     ``node_masks``: each NUMA node's CPUs; ``held``: the thread group ids of
-    the workloads (cmk's tasks), never moved.
+    the workloads (cmk's tasks), never moved; ``keep``: regular expressions
+    of task names (``comm``, whole) never moved.
     """
     isolated, housekeeping, online = frozenset(isolated), frozenset(housekeeping), frozenset(online)
+    kept = [re.compile(pattern) for pattern in keep]
     if not housekeeping:
         raise ValueError("no housekeeping CPUs to move tasks to")
     nodes = [frozenset(mask) for mask in node_masks]
@@ -113,7 +128,7 @@ def plan_moves(
     moves = []
     for task in tasks:
         allowed = frozenset(task.get("allowed") or ())
-        if not allowed & isolated:
+        if not allowed & isolated or any(pattern.fullmatch(task["comm"]) for pattern in kept):
             continue
         if is_kernel_thread(task):
             target, why = _kernel_thread_target(task, allowed, isolated, housekeeping, online, nodes)
@@ -188,3 +203,157 @@ def summary(results: list[dict]) -> str:
     said = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
     names = ", ".join(sorted({r["comm"] for r in results})[:8])
     return f"{len(results)} thread(s) to move off the isolated CPUs: {said} ({names})"
+
+
+# The pass on the node ---------------------------------------------------------------
+
+#: Where the agent stage writes the housekeeper's configuration (``render_config``).
+CONFIG_PATH = "/etc/cpupools/housekeep.conf"
+WORKQUEUE_DIR = "sys/devices/virtual/workqueue"
+#: First line of the configuration (the stages' header, node/converge.py: edits are overwritten).
+CONFIG_HEADER = "# Managed by cpupools (Ansible). Local edits are overwritten by the next run.\n"
+
+
+def render_config(isolated: str, housekeeping: str, conf_dir: str | None, keep: Iterable[str] = ()) -> str:
+    """The housekeeper's configuration, ``key=value`` lines: the plan's ``isolated`` and ``housekeeping``
+    CPUs (cpulists), the pool state directory of a cmk node (``conf_dir``: its workloads are never moved;
+    absent on other runtimes), and one ``keep`` line per task name never moved (a regular expression)."""
+    lines = [
+        CONFIG_HEADER.rstrip("\n"),
+        "# cmk housekeep (docs/agent.md): kernel threads and host tasks nobody pinned are moved",
+        "# off the isolated CPUs to the housekeeping CPUs.",
+        f"isolated={isolated}",
+        f"housekeeping={housekeeping}",
+    ]
+    if conf_dir:
+        lines.append(f"conf_dir={conf_dir}")
+    lines += [f"keep={pattern}" for pattern in keep]
+    return "\n".join(lines) + "\n"
+
+
+def parse_config(text: str, where: str = CONFIG_PATH) -> dict:
+    """``render_config``'s text back, checked: ``isolated``, ``housekeeping`` (CPU lists), ``conf_dir``
+    (``None`` without), ``keep`` (compiled). A configuration that cannot be used raises ``StateError``."""
+    raw: dict[str, str] = {}
+    keep = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        key, eq, value = line.partition("=")
+        if not eq or key not in ("isolated", "housekeeping", "conf_dir", "keep"):
+            raise StateError(f"{where}:{number}: not a housekeeper configuration line: {line[:80]!r}")
+        if key == "keep":
+            try:
+                keep.append(re.compile(value))
+            except re.error as exc:
+                raise StateError(f"{where}:{number}: keep={value}: not a regular expression ({exc})") from None
+        else:
+            raw[key] = value
+    missing = [key for key in ("isolated", "housekeeping") if key not in raw]
+    if missing:
+        raise StateError(f"{where}: not a housekeeper configuration (no {' or '.join(missing)}=)")
+    try:
+        isolated = parse_cpulist(raw["isolated"], f"{where}: isolated")
+        housekeeping = parse_cpulist(raw["housekeeping"], f"{where}: housekeeping")
+    except CpulistError as exc:
+        raise StateError(str(exc)) from None
+    if not housekeeping:
+        raise StateError(f"{where}: no housekeeping CPUs to move tasks to")
+    conf_dir = raw.get("conf_dir") or None
+    if conf_dir is not None and not conf_dir.startswith("/"):
+        raise StateError(f"{where}: conf_dir={conf_dir} is not an absolute path")
+    return {"isolated": isolated, "housekeeping": housekeeping, "conf_dir": conf_dir, "keep": keep}
+
+
+def workloads(tasks: Iterable[Mapping], held: Iterable[int]) -> set[int]:
+    """The thread group ids of the ``held`` processes and of every process they started (by ``ppid``)."""
+    parent = {task["tgid"]: task["ppid"] for task in tasks if task["pid"] == task["tgid"]}
+    out = set(held)
+    for tgid in parent:
+        seen, pid = [], tgid
+        while pid in parent and pid not in out and pid not in seen and pid > 1:
+            seen.append(pid)
+            pid = parent[pid]
+        if pid in out:
+            out.update(seen)
+    return out
+
+
+def plan_workqueues(facts: Facts, isolated: set[int], housekeeping: list[int]) -> list[dict]:
+    """The workqueue masks that hold an isolated CPU, each with what to write (the housekeeping CPUs)."""
+    wanted = format_sysfs_cpumask(housekeeping)
+    out = []
+    names = ["", *(f"{name}/" for name in facts.listdir(WORKQUEUE_DIR))]
+    for name in names:
+        rel = f"{WORKQUEUE_DIR}/{name}cpumask"
+        text = facts.read(rel)
+        if text is None:
+            continue
+        try:
+            mask = set(parse_cpumask(text, rel))
+        except CpulistError:
+            continue
+        if mask & isolated:
+            out.append(
+                {"path": "/" + rel, "from": format_cpulist(mask), "to": format_cpulist(housekeeping), "mask": wanted}
+            )
+    return out
+
+
+def write_workqueues(facts: Facts, changes: list[dict]) -> None:
+    for change in changes:
+        try:
+            with open(facts.path(change["path"]), "w") as handle:
+                handle.write(change["mask"] + "\n")
+            change["status"] = "written"
+        except OSError as exc:
+            change["status"] = "refused"
+            change["error"] = errno.errorcode.get(exc.errno or 0, str(exc.errno)) + f": {exc.strerror}"
+
+
+def housekeep(
+    config: Mapping,
+    proc: Facts,
+    sysfs: Facts,
+    proc_fs: str = "/proc",
+    check: bool = False,
+    setaffinity: Callable[[int, Iterable[int]], None] = os.sched_setaffinity,
+) -> dict:
+    """One pass: move what ``plan_moves`` finds, fix the workqueue masks; in ``check`` only say so.
+
+    ``proc`` reads ``proc/`` (the node's, or a PID namespace's), ``sysfs``
+    reads ``sys/``; ``config`` is ``parse_config``'s. A cmk node's state that
+    cannot be read moves no user-space task (its workloads could not be told
+    apart), only kernel threads, and says why.
+    """
+    isolated, housekeeping = set(config["isolated"]), config["housekeeping"]
+    online = kernel_cpus(sysfs.read("sys/devices/system/cpu/online")) or sorted(isolated | set(housekeeping))
+    tasks = read_tasks(proc, pods=True)
+    held: set[int] = set()
+    problem = None
+    if config["conf_dir"]:
+        holders, _stale, problem = read_cmk_held(config["conf_dir"], proc_fs)
+        held = {pid for holder in holders for pid in holder["pids"]}
+    if problem:
+        tasks = [task for task in tasks if is_kernel_thread(task)]
+    moves = plan_moves(
+        tasks,
+        isolated,
+        housekeeping,
+        online,
+        read_node_masks(sysfs),
+        workloads(tasks, held),
+        [pattern.pattern for pattern in config["keep"]],
+    )
+    queues = plan_workqueues(sysfs, isolated, housekeeping)
+    if check:
+        results = [{**move.to_result(), "status": "would move"} for move in moves]
+        for change in queues:
+            change["status"] = "would write"
+    else:
+        results = apply_moves(moves, setaffinity)
+        write_workqueues(sysfs, queues)
+    out = {"check": check, "moves": results, "workqueues": queues, "summary": summary(results)}
+    if problem:
+        out["problem"] = f"the pool state cannot be read, so no user-space task was moved: {problem}"
+    return out

@@ -869,6 +869,7 @@ def housekeeping_outputs(plan: Mapping) -> dict:
     reserved = sorted(pools - set(hk))
     return {
         "housekeeping_cpus": format_cpulist(hk),
+        "isolated_cpus": format_cpulist(_cpus(plan.get("isolated_cpus", ""), "isolated_cpus")),
         # systemd's CPUAffinity= takes indexes and ranges separated by spaces.
         "cpu_affinity": format_cpulist(hk).replace(",", " "),
         "irqbalance_banned_cpulist": format_cpulist(reserved),

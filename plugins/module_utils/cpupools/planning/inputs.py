@@ -457,6 +457,19 @@ def _namespaces(raw: object, field: str) -> list[str]:
     return names
 
 
+def _task_names(raw: object, field: str) -> list[str]:
+    """Regular expressions of task names (a YAML list; commas belong to a pattern), each one that compiles."""
+    if raw in ("", None):
+        return []
+    patterns = to_argv(raw, field)
+    for pattern in patterns:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise InputError(f"{show(pattern)} is not a regular expression ({exc})", field) from None
+    return patterns
+
+
 #: What verify checks (module_utils/cpupools/node/verify.py); ``cpupools_verify_fail_on`` picks those that fail a node.
 VERIFY_CHECKS = ("irq", "workqueue", "kthread", "rcu", "nohz", "process", "cmk", "latency")
 
@@ -567,6 +580,10 @@ SPEC: dict[str, Var] = {
     "lock_timeout": _var("agent", _int(1, 3600), 30, "int"),
     "agent_isolate_shell": _var("agent", to_bool, False, "bool"),
     "manage_services": _var("agent", to_bool, None, "bool", derived=True),
+    # the housekeeper (node/housekeep.py): kernel threads and host tasks kept off the isolated CPUs
+    "housekeep": _var("agent", to_bool, True, "bool"),
+    "housekeep_interval": _var("agent", _int(10, 86400), 60, "int"),
+    "housekeep_keep": _var("agent", _task_names, [], "list"),
     # cpupools_k8s
     "k8s_enabled": _var("k8s", to_bool, True, "bool"),
     "k8s_kubeconfig": _var("k8s", _str(True), ""),
@@ -636,6 +653,13 @@ INTERNAL = frozenset(
         "agent_cmk15_read",
         "agent_cmk15_configmap",
         "agent_state_warned",
+        "agent_housekeep_unit",
+        "agent_housekeep_program_dest",
+        "agent_housekeep_conf_dest",
+        "agent_housekeep_files",
+        "agent_housekeep_units",
+        "agent_housekeep_predicted",
+        "agent_housekeep_timer_file",
         "cmk_retire_v15",
         "agent_build",
         "agent_build_script",
