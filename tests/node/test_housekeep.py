@@ -240,3 +240,31 @@ def test_the_configuration_reads_back_what_was_rendered():
     assert (config["isolated"], config["housekeeping"], config["conf_dir"]) == ([2, 3, 6, 7], [0, 4], "/etc/cmk")
     assert [pattern.pattern for pattern in config["keep"]] == ["ptp4l|phc2sys", "a=b"]
     assert housekeep.parse_config(housekeep.render_config("2", "0", None))["conf_dir"] is None
+
+
+def test_a_configuration_for_cpus_the_node_does_not_have_moves_nothing(tmp_path):
+    """A plan read from a fixture tree (a test container) or from before CPUs went offline: its CPU
+    numbers mean nothing here, so the pass moves no task and writes no mask, and says why."""
+    root = _node_root(tmp_path, workqueue=list(ONLINE))
+    facts = Facts(str(root))
+    config = housekeep.parse_config(housekeep.render_config("2-3,40-47", "0,4,48", None))
+    calls = []
+    result = housekeep.housekeep(config, facts, facts, setaffinity=lambda *a: calls.append(a))
+    assert calls == [] and result["moves"] == [] and result["workqueues"] == []
+    assert result["problem"].startswith("the configuration names CPUs this node does not have online (40-48;")
+    assert (root / "sys/devices/virtual/workqueue/cpumask").read_text() == "ff\n"
+
+
+def test_the_cpus_the_kernel_runs_come_from_cpuinfo_not_from_a_sysfs_fixture(tmp_path):
+    """In a molecule container sysfs is the fixture the plan was made from (its CPUs look online):
+    /proc/cpuinfo says which CPUs the kernel runs, and a plan beyond them moves nothing."""
+    root = _node_root(tmp_path)
+    write(root, "proc/cpuinfo", "".join(f"processor\t: {cpu}\nvendor_id\t: GenuineIntel\n\n" for cpu in (0, 1)))
+    facts = Facts(str(root))
+    calls = []
+    result = housekeep.housekeep(_config(), facts, facts, setaffinity=lambda *a: calls.append(a))
+    assert calls == [] and result["problem"].startswith(
+        "the configuration names CPUs this node does not have online (2-4,6-7; online: 0-1)"
+    )
+    assert housekeep.cpuinfo_cpus("processor 0: version = FF\nprocessor 1: version = FF\n") == [0, 1]  # s390x
+    assert housekeep.cpuinfo_cpus(None) == []

@@ -265,6 +265,15 @@ def parse_config(text: str, where: str = CONFIG_PATH) -> dict:
     return {"isolated": isolated, "housekeeping": housekeeping, "conf_dir": conf_dir, "keep": keep}
 
 
+_PROCESSOR = re.compile(r"^processor\s*:?\s*(\d+)", re.M)
+
+
+def cpuinfo_cpus(text: str | None) -> list[int]:
+    """The CPUs ``/proc/cpuinfo`` lists (its ``processor`` lines: x86 and arm64 ``processor : N``, s390x
+    ``processor N:``); ``[]`` without the file."""
+    return sorted({int(number) for number in _PROCESSOR.findall(text or "")})
+
+
 def workloads(tasks: Iterable[Mapping], held: Iterable[int]) -> set[int]:
     """The thread group ids of the ``held`` processes and of every process they started (by ``ppid``)."""
     parent = {task["tgid"]: task["ppid"] for task in tasks if task["pid"] == task["tgid"]}
@@ -328,6 +337,19 @@ def housekeep(
     """
     isolated, housekeeping = set(config["isolated"]), config["housekeeping"]
     online = kernel_cpus(sysfs.read("sys/devices/system/cpu/online")) or sorted(isolated | set(housekeeping))
+    # The CPUs the kernel runs, from /proc/cpuinfo: sysfs may be a fixture tree bind-mounted over the real
+    # one (the molecule containers), which the plan was made from.
+    running = cpuinfo_cpus(proc.read("proc/cpuinfo")) or online
+    foreign = sorted((isolated | set(housekeeping)) - (set(online) & set(running)))
+    if foreign:
+        # A plan of another machine (facts read from a fixture tree, a test container) or of this one
+        # before CPUs went offline: pinning the node's tasks by it would confine them to whatever its
+        # CPU numbers happen to mean here. Nothing is moved; the plan's next run rewrites the file.
+        why = (
+            f"the configuration names CPUs this node does not have online ({format_cpulist(foreign)}; "
+            f"online: {format_cpulist(set(online) & set(running))}): nothing moved"
+        )
+        return {"check": check, "moves": [], "workqueues": [], "summary": why, "problem": why}
     tasks = read_tasks(proc, pods=True)
     held: set[int] = set()
     problem = None
