@@ -35,7 +35,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from ..core.cpulist import format_cpulist, parse_cpulist
 from ..core.errors import CpupoolsError
@@ -68,12 +68,7 @@ class IdleState:
     residency_us: int
 
     def to_facts(self) -> dict:
-        return {
-            "index": self.index,
-            "name": self.name,
-            "latency_us": self.latency_us,
-            "residency_us": self.residency_us,
-        }
+        return asdict(self)
 
 
 def _strip(text: str | None) -> str | None:

@@ -108,7 +108,7 @@ def plan_moves(
     online: Iterable[int],
     node_masks: Iterable[Iterable[int]] = (),
     held: Iterable[int] = (),
-    keep: Iterable[str] = (),
+    keep: Iterable[str | re.Pattern] = (),
 ) -> list[Move]:
     """The threads of ``tasks`` (``tasks.read_tasks``, with ``pods=True``) to move, in the order read.
 
@@ -365,7 +365,7 @@ def housekeep(
         online,
         read_node_masks(sysfs),
         workloads(tasks, held),
-        [pattern.pattern for pattern in config["keep"]],
+        config["keep"],
     )
     queues = plan_workqueues(sysfs, isolated, housekeeping)
     if check:
