@@ -180,9 +180,14 @@ beside compat_core "$bin/python" -m pytest -p no:xdist -m compat_core -rs --dura
 # does not reach: end it with the script.
 trap 'sid=$(cat "$guest_session" 2>/dev/null); [ -z "$sid" ] || pkill -TERM -s "$sid"; exit 130' INT TERM
 
+# xdist's default scheduling hands each worker a first block of a quarter of its share of
+# consecutive tests: the first worker got every test of LONGEST (tests/conftest.py),
+# and at the end the other had nothing left while it worked through them (994 idle
+# CPU-seconds of 6,752). --maxschedchunk 1 keeps two tests queued per worker and hands
+# out the rest one at a time, in LONGEST's order, to whichever worker is free.
 step "tests (beside them, in the background: ${jobs_beside[*]})"
 rc=0
-{ time "$bin/python" -m pytest -n "${CPUPOOLS_TEST_JOBS:-2}" -m "not molecule and not pidreuse and not compat_core and not guest" --durations=30 "$@"; } || rc=$?
+{ time "$bin/python" -m pytest -n "${CPUPOOLS_TEST_JOBS:-2}" --maxschedchunk 1 -m "not molecule and not pidreuse and not compat_core and not guest" --durations=30 "$@"; } || rc=$?
 
 finish lint "lint: ansible-lint, module docs: ansible-doc" "0"
 finish pidreuse "CMK v1.4 interleaving, in a PID namespace of its own" "0 5"

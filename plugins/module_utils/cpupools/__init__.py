@@ -14,6 +14,14 @@ the diagram)::
     1  hardware                   the CPUs the kernel shows: topology, NUMA distances
     0  core                       errors, cpulists, pool names
 
-This file and every sub-package's ``__init__`` import nothing: importing one
-module loads only what it imports (the agent's zipapp is that closure).
+Every sub-package's ``__init__`` imports nothing: importing one module loads
+only what it imports (the agent's zipapp is that closure). This file imports
+one module, and only inside a module's payload from Ansible (a zip of sources
+under ``ansible_collections``): the bytecode cache of core/bytecode.py, so
+that a module run does not compile the package's sources again.
 """
+
+if __name__.startswith("ansible_collections.") and type(globals().get("__loader__")).__name__ == "zipimporter":
+    from .core import bytecode as _bytecode
+
+    _bytecode.install(__name__)
