@@ -94,8 +94,8 @@ options:
     description: The checks whose C(fail) findings make RV(ok) false.
     type: list
     elements: str
-    choices: [irq, workqueue, kthread, rcu, nohz, process, cmk, latency]
-    default: [irq, workqueue, kthread, rcu, nohz, process, cmk, latency]
+    choices: [irq, workqueue, kthread, rcu, nohz, process, cmk, latency, power]
+    default: [irq, workqueue, kthread, rcu, nohz, process, cmk, latency, power]
   kubelet_state:
     description: The kubelet's CPU manager checkpoint, relative to O(root) (read for the kubelet runtime).
     type: path

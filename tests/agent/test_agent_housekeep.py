@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 from cpupools.core.cpulist import format_cpulist, parse_cpulist
@@ -114,3 +115,44 @@ def test_a_configuration_cmk_cannot_use_is_status_78(cmk, tmp_path):
     assert refused.returncode == 78 and "not a housekeeper configuration" in refused.stderr
     usage = subprocess.run([cmk, "housekeep", "--bogus"], capture_output=True, text=True, check=False)
     assert usage.returncode == 64
+
+
+def test_the_zipapp_sets_the_power_of_a_pool_then_gives_it_back(cmk, tmp_path):
+    """As the boot unit (--power-only) and the uninstall (--restore, first with --check) run it, on the
+    fixtures' Intel server tree (CPUs 0-1: the CPUs of this machine, which the configuration must name)."""
+    import dataclasses
+
+    from cpupools.hardware import power
+    from sysfs import CORPUS, write_tree
+
+    root = write_tree(str(tmp_path / "node"), dataclasses.replace(CORPUS["2s8c-nosmt"], power="intel"))
+    settings = power.to_settings({"exclusive": {"governor": "performance", "cstate_limit": "C1"}}, ("exclusive",))
+    plan = power.plan_power(settings, power.read_power(root, range(16)), {"exclusive": [CPUS[-1]]}, "node")
+    conf = tmp_path / "housekeep.conf"
+    conf.write_text(housekeep.render_config(str(CPUS[-1]), str(CPUS[0]), None, (), plan))
+    governor = Path(root, f"sys/devices/system/cpu/cpu{CPUS[-1]}/cpufreq/scaling_governor")
+    env = {"PATH": os.environ["PATH"], "CPUPOOLS_SYSFS_ROOT": root}
+
+    python = shutil.which("python3") or "/usr/bin/python3"
+
+    def run(*args: str) -> dict:
+        proc = subprocess.run(
+            [python, "-IS", f"{cmk}.pyz", "housekeep", f"--config={conf}", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)
+
+    first = run("--power-only")
+    assert {w["status"] for w in first["power"]} == {"written"} and len(first["power"]) == 3  # governor, C1E, C6 off
+    assert first["moves"] == [] and governor.read_text().strip() == "performance"
+    assert run("--power-only")["power"] == []
+    assert {w["status"] for w in run("--restore", "--check")["power"]} == {"would restore"}
+    assert governor.read_text().strip() == "performance"
+    assert {w["status"] for w in run("--restore")["power"]} == {"restored"}
+    assert governor.read_text().strip() == "powersave"
+    assert not os.path.exists(os.path.join(root, "var/lib/cpupools/power-saved.json"))

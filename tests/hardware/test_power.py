@@ -153,3 +153,121 @@ def test_the_facts_module_reads_them_when_asked_and_only_then(tmp_path):
         handle.write("five\n")
     broken = run_module("cpupools_facts", {"root": root, "power": True}, tmp_path)
     assert broken.get("failed") and "policy5/affected_cpus" in broken["msg"], broken
+
+
+# The per-pool settings: their shape (to_settings), then against the node (plan_power) -----------------
+
+POOLS = ("exclusive", "shared", "exclusive-non-isolcpus", "infra")
+
+
+def test_settings_take_a_fixed_frequency_as_min_and_max_and_keep_the_rest():
+    got = power.to_settings(
+        {"exclusive": {"governor": "performance", "frequency_khz": "3000000", "cstate_limit": "C1"}, "uncore": {}}
+        | {"uncore": {"min_khz": 2000000}},
+        POOLS,
+    )
+    assert got == {
+        "exclusive": {"governor": "performance", "min_khz": 3000000, "max_khz": 3000000, "cstate_limit": "C1"},
+        "uncore": {"min_khz": 2000000},
+    }
+    assert power.to_settings({}, POOLS) == {} and power.to_settings(None, POOLS) == {}
+
+
+@pytest.mark.parametrize(
+    ("raw", "said"),
+    [
+        ({"exclusiv": {"governor": "performance"}}, "exclusiv: not a pool; give one of exclusive"),
+        ({"exclusive": {"gov": "performance"}}, "gov is not a setting"),
+        ({"exclusive": {}}, "exclusive: give a mapping of settings"),
+        ({"exclusive": {"frequency_khz": 3000000, "max_khz": 3800000}}, "not both"),
+        ({"exclusive": {"min_khz": 3000000, "max_khz": 2000000}}, "min_khz 3000000 is above max_khz 2000000"),
+        ({"exclusive": {"max_khz": "3GHz"}}, "'3GHz' is not a frequency in kHz"),
+        ({"exclusive": {"max_khz": True}}, "True is not a frequency in kHz"),
+        ({"exclusive": {"governor": "perf ormance"}}, "is not a governor name"),
+        ({"exclusive": {"epp": 300}}, "300 is above 255"),
+        ({"exclusive": {"cstate_limit": "C1; rm -rf /"}}, "exclusive.cstate_limit: 'C1; rm -rf /' is not a C-state"),
+        ({"uncore": {"governor": "performance"}}, "uncore: governor is not a setting; give min_khz, max_khz"),
+        ("exclusive", "is not a mapping of pool to settings"),
+    ],
+)
+def test_settings_of_the_wrong_shape_are_refused_naming_the_key(raw, said):
+    with pytest.raises(power.PowerError, match=None) as caught:
+        power.to_settings(raw, POOLS)
+    assert said in str(caught.value), str(caught.value)
+
+
+def plan(tmp_path, kind: str, settings: dict, pools: dict | None = None, shape: str = "2s8c-nosmt") -> dict:
+    root = tree(tmp_path, shape, kind)
+    facts = power.read_power(root, range(16))
+    pools = pools or {"exclusive": [2, 3, 10, 11], "shared": [4, 5], "infra": [0, 1, 8, 9]}
+    return power.plan_power(power.to_settings(settings, POOLS), facts, pools, "node-a")
+
+
+def test_an_intel_node_takes_a_governor_a_fixed_frequency_a_cstate_limit_and_the_uncore(tmp_path):
+    got = plan(
+        tmp_path,
+        "intel",
+        {
+            "exclusive": {"governor": "performance", "frequency_khz": 3000000, "cstate_limit": "C1"},
+            "infra": {"governor": "powersave", "epp": "balance_power"},
+            "uncore": {"min_khz": 2000000, "max_khz": 2000000},
+        },
+    )
+    assert (got["driver"], got["mode"], got["idle_driver"]) == ("intel_pstate", "active", "intel_idle")
+    exclusive, infra = got["cpus"]
+    assert exclusive == {
+        "cpus": "2-3,10-11",
+        "pool": "exclusive",
+        "governor": "performance",
+        "min_khz": 3000000,
+        "max_khz": 3000000,
+        "cstates_off": [2, 3],  # C1E and C6: deeper than C1
+        "cstates_on": [0, 1],
+        "cstate_names": {"0": "POLL", "1": "C1", "2": "C1E", "3": "C6"},
+    }
+    assert infra == {"cpus": "0-1,8-9", "pool": "infra", "governor": "powersave", "epp": "balance_power"}
+    assert got["uncore"] == {
+        "package_00_die_00": {"min_khz": 2000000, "max_khz": 2000000},
+        "package_01_die_00": {"min_khz": 2000000, "max_khz": 2000000},
+    }
+
+
+@pytest.mark.parametrize(
+    ("kind", "settings", "said"),
+    [
+        (
+            "intel",
+            {"exclusive": {"governor": "ondemand"}},
+            "governor ondemand is not offered on CPU 2 (driver "
+            "intel_pstate, mode active); it has performance, powersave",
+        ),
+        ("intel", {"exclusive": {"frequency_khz": 4500000}}, "min_khz 4500000 kHz is outside CPU 2's range"),
+        ("intel", {"exclusive": {"governor": "performance", "epp": "balance_power"}}, "pins the preference"),
+        ("intel", {"exclusive": {"epp": "turbo"}}, "epp turbo is not offered on CPU 2; it has default, performance"),
+        ("intel", {"exclusive": {"cstate_limit": "C7"}}, "C7 is not a C-state of node-a (CPUs 2-3,10-11); it has POLL"),
+        ("intel", {"uncore": {"max_khz": 3000000}}, "3000000 kHz is outside package_00_die_00's range 800000-2500000"),
+        ("amd", {"uncore": {"max_khz": 2000000}}, "the node has no intel_uncore_frequency driver"),
+        ("vm", {"exclusive": {"governor": "performance"}}, "CPUs 2-3,10-11 have no cpufreq policy (no cpufreq driver)"),
+        ("vm", {"infra": {"epp": "performance"}}, "CPUs 0-1,8-9 have no cpufreq policy"),
+    ],
+)
+def test_what_the_node_does_not_offer_is_refused_saying_what_it_has(tmp_path, kind, settings, said):
+    with pytest.raises(power.PowerError) as caught:
+        plan(tmp_path, kind, settings)
+    assert said in str(caught.value), str(caught.value)
+
+
+def test_an_amd_node_by_exit_latency_and_a_vm_by_name(tmp_path):
+    amd = plan(tmp_path / "a", "amd", {"exclusive": {"cstate_limit": "latency:10", "governor": "performance"}})
+    [entry] = amd["cpus"]
+    assert (entry["cstates_off"], entry["cstates_on"]) == ([2], [0, 1])  # C2 (18 µs) is out
+    vm = plan(tmp_path / "v", "vm", {"exclusive": {"cstate_limit": "POLL"}})
+    [entry] = vm["cpus"]
+    assert entry["cstates_off"] == [1] and entry["cstate_names"]["1"] == "haltpoll idle"
+    assert "governor" not in entry
+
+
+def test_an_empty_pool_plans_nothing_and_no_settings_plan_nothing(tmp_path):
+    got = plan(tmp_path, "intel", {"shared": {"governor": "performance"}}, pools={"shared": [], "exclusive": [2]})
+    assert got["cpus"] == [] and got["uncore"] == {}
+    assert plan(tmp_path / "b", "intel", {}) == {}

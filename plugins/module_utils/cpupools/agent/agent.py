@@ -51,7 +51,7 @@ usage:
                 [--kubeconfig=FILE] [--node-name=NODE]
   cmk describe [--conf-dir=DIR]
   cmk node-report [--conf-dir=DIR] [--interval=SECONDS] [--publish]
-  cmk housekeep [--config=FILE] [--check]
+  cmk housekeep [--config=FILE] [--check] [--power-only] [--restore]
 
 environment: CMK_NUM_CORES (isolate, exclusive pools; default 1), CMK_NUMA_LOCALITY
 (isolate: 1 takes several exclusive cpulists from one NUMA node and as few L3
@@ -91,7 +91,7 @@ _OPTIONS = {
     },
     "describe": {"--conf-dir": True, "--namespace": True},
     "node-report": {"--conf-dir": True, "--interval": True, "--publish": False, "--namespace": True},
-    "housekeep": {"--config": True, "--check": False},
+    "housekeep": {"--config": True, "--check": False, "--power-only": False, "--restore": False},
 }
 
 

@@ -38,7 +38,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 
 from ..core.cpulist import format_cpulist, parse_cpulist
-from ..core.errors import CpupoolsError
+from ..core.errors import CpupoolsError, show
 from .locality import CPU_DIR, read_text
 
 CPUFREQ_DIR = f"{CPU_DIR}/cpufreq"
@@ -246,7 +246,7 @@ def parse_cstate_limit(value: object) -> tuple[str, object]:
     """A C-state limit as given in the inventory: a state's name (``C1E``) or an exit latency in µs
     (``latency:10`` or an integer): ``("name", "C1E")`` or ``("latency", 10)``."""
     if isinstance(value, bool) or value is None:
-        raise PowerError(f"{value!r}: give a C-state's name (C1, C1E) or an exit latency in µs (latency:10)")
+        raise PowerError(f"{show(value)}: give a C-state's name (C1, C1E) or an exit latency in µs (latency:10)")
     if isinstance(value, int):
         latency = value
     else:
@@ -255,10 +255,12 @@ def parse_cstate_limit(value: object) -> tuple[str, object]:
             raise PowerError("'': give a C-state's name (C1, C1E) or an exit latency in µs (latency:10)")
         match = re.fullmatch(r"(?:latency:)?\s*(\d+)\s*(?:us)?", text)
         if not match:
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_ .-]{0,31}", text):
+                raise PowerError(f"{show(value)} is not a C-state's name (C1, C1E) or an exit latency (latency:10)")
             return "name", text
         latency = int(match.group(1))
     if latency < 0:
-        raise PowerError(f"{value!r}: an exit latency is 0 or more µs")
+        raise PowerError(f"{show(value)}: an exit latency is 0 or more µs")
     return "latency", latency
 
 
@@ -279,3 +281,184 @@ def states_to_disable(states: list[Mapping], limit: object, where: str = "this n
         return [s["name"] for s in states if (s["latency_us"], s["index"]) > (ceiling, order)]
     shallowest = min(states, key=lambda s: (s["latency_us"], s["index"]))
     return [s["name"] for s in states if s["latency_us"] > int(wanted) and s is not shallowest]
+
+
+# The per-pool settings (cpupools_power) -------------------------------------------------
+
+#: What a pool's settings may hold: the cpufreq governor, a fixed frequency (min = max) or a range, the
+#: energy/performance preference (intel_pstate, amd-pstate-epp in active mode), the deepest C-state.
+POOL_KEYS = ("governor", "frequency_khz", "min_khz", "max_khz", "epp", "cstate_limit")
+#: The uncore's settings (intel_uncore_frequency, every domain of the node).
+UNCORE_KEYS = ("min_khz", "max_khz")
+UNCORE = "uncore"
+_WORD = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+
+
+def _name(value: object) -> str:
+    """A key as written when it is a short plain word, else quoted and shortened (``show``)."""
+    if isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9_-]{1,40}", value):
+        return value
+    return show(value)
+
+
+def to_settings(raw: object, pools: Iterable[str], what: str = "cpupools_power") -> dict:
+    """``cpupools_power`` checked for its shape, before any node is read: pool (or ``uncore``) -> settings.
+
+    ``frequency_khz`` becomes ``min_khz`` = ``max_khz``; a C-state limit is kept as given (its meaning
+    depends on the node's states). Raises ``PowerError`` naming the key.
+    """
+    if raw in (None, "", {}):
+        return {}
+    if not isinstance(raw, Mapping):
+        raise PowerError(
+            f"{what + ': ' if what else ''}{show(raw)} is not a mapping of pool to settings, "
+            "e.g. {exclusive: {governor: performance}}"
+        )
+    names = tuple(pools)
+    out: dict[str, dict] = {}
+    for pool, settings in raw.items():
+        where = f"{what}.{_name(pool)}" if what else _name(pool)
+        if pool not in (*names, UNCORE):
+            raise PowerError(f"{where}: not a pool; give one of {', '.join((*names, UNCORE))}")
+        allowed = UNCORE_KEYS if pool == UNCORE else POOL_KEYS
+        if not isinstance(settings, Mapping) or not settings:
+            raise PowerError(f"{where}: give a mapping of settings ({', '.join(allowed)})")
+        unknown = sorted(_name(key) for key in settings if key not in allowed)
+        if unknown:
+            raise PowerError(f"{where}: {', '.join(unknown)} is not a setting; give {', '.join(allowed)}")
+        checked: dict[str, object] = {}
+        for key in ("frequency_khz", "min_khz", "max_khz"):
+            if key in settings:
+                value = settings[key]
+                if isinstance(value, bool) or not re.fullmatch(r"\d{1,9}", str(value).strip()) or int(value) <= 0:
+                    raise PowerError(f"{where}.{key}: {show(value)} is not a frequency in kHz (a positive integer)")
+                checked[key] = int(value)
+        if "frequency_khz" in checked:
+            if "min_khz" in checked or "max_khz" in checked:
+                raise PowerError(f"{where}: give frequency_khz (a fixed frequency) or min_khz/max_khz, not both")
+            checked["min_khz"] = checked["max_khz"] = checked.pop("frequency_khz")
+        if checked.get("min_khz", 0) > checked.get("max_khz", 1 << 40):
+            raise PowerError(f"{where}: min_khz {checked['min_khz']} is above max_khz {checked['max_khz']}")
+        for key in ("governor", "epp"):
+            if key in settings:
+                value = str(settings[key]).strip()
+                if not _WORD.match(value) and not (key == "epp" and re.fullmatch(r"\d{1,3}", value)):
+                    raise PowerError(f"{where}.{key}: {show(settings[key])} is not a {key} name")
+                if key == "epp" and value.isdigit() and int(value) > 255:
+                    raise PowerError(f"{where}.epp: {value} is above 255")
+                checked[key] = value
+        if "cstate_limit" in settings:
+            try:
+                parse_cstate_limit(settings["cstate_limit"])  # its form; the node's states decide the rest
+            except PowerError as exc:
+                raise PowerError(f"{where}.cstate_limit: {exc}") from None
+            checked["cstate_limit"] = settings["cstate_limit"]
+        out[str(pool)] = checked
+    return out
+
+
+def plan_power(settings: Mapping, facts: Mapping, pool_cpus: Mapping[str, Iterable[int]], host: str) -> dict:
+    """The per-CPU settings of ``settings`` (``to_settings``'s) on the node whose power ``facts`` these are
+    (``read_power``'s), for the pools' CPUs: what the node cannot take is refused, saying what it has.
+
+    Returns ``cpus`` (one entry per pool and group of CPUs with the same idle states: ``cpus``, ``pool``
+    and what to write: ``governor``, ``min_khz``, ``max_khz``, ``epp``, ``cstates_off`` and ``cstates_on``
+    as state indexes with their ``cstate_names``), ``uncore`` (domain name -> ``min_khz``, ``max_khz``) and
+    the node's drivers (``driver``, ``mode``, ``idle_driver``). Empty settings plan nothing.
+    """
+    if not settings:
+        return {}
+    freq = {cpu: policy for policy in facts["cpufreq"]["policies"] for cpu in parse_cpulist(policy["cpus"])}
+    idle = {cpu: group for group in facts["cpuidle"]["groups"] for cpu in parse_cpulist(group["cpus"])}
+    entries = []
+    for pool, wanted in settings.items():
+        if pool == UNCORE:
+            continue
+        cpus = sorted(pool_cpus.get(pool) or ())
+        if not cpus:
+            continue  # the pool is empty on this node: nothing to set
+        where = f"cpupools_power.{pool}"
+        if any(key in wanted for key in ("governor", "min_khz", "max_khz", "epp")):
+            missing = [cpu for cpu in cpus if cpu not in freq]
+            if missing:
+                raise PowerError(
+                    f"{where}: CPUs {format_cpulist(missing)} have no cpufreq policy (no cpufreq driver"
+                    f"{'' if not facts['cpufreq']['driver'] else ' for them'}): governor, frequencies and epp "
+                    "cannot be set; leave them out for this node class"
+                )
+        for cpu in cpus:
+            _check_cpufreq(where, cpu, wanted, freq.get(cpu), facts["cpufreq"])
+        groups: dict[str, list[int]] = {}
+        for cpu in cpus:
+            groups.setdefault(repr(idle[cpu]["states"]) if cpu in idle else "", []).append(cpu)
+        for members in groups.values():
+            entry = {"cpus": format_cpulist(members), "pool": pool}
+            entry.update({key: wanted[key] for key in ("governor", "min_khz", "max_khz", "epp") if key in wanted})
+            if "cstate_limit" in wanted:
+                group = idle.get(members[0])
+                states = group["states"] if group else []
+                off = set(states_to_disable(states, wanted["cstate_limit"], f"{host} (CPUs {entry['cpus']})"))
+                entry["cstates_off"] = [s["index"] for s in states if s["name"] in off]
+                entry["cstates_on"] = [s["index"] for s in states if s["name"] not in off]
+                entry["cstate_names"] = {str(s["index"]): s["name"] for s in states}
+            entries.append(entry)
+    uncore = {}
+    if UNCORE in settings:
+        domains = facts["uncore"]["domains"]
+        if not domains:
+            raise PowerError(
+                "cpupools_power.uncore: the node has no intel_uncore_frequency driver "
+                "(Intel servers only, module intel_uncore_frequency or _tpmi): leave uncore out for this node class"
+            )
+        for domain in domains:
+            low, high = domain["initial_min_khz"], domain["initial_max_khz"]
+            values = {
+                "min_khz": settings[UNCORE].get("min_khz", low),
+                "max_khz": settings[UNCORE].get("max_khz", high),
+            }
+            for key, value in values.items():
+                if low is not None and high is not None and not low <= value <= high:
+                    raise PowerError(
+                        f"cpupools_power.uncore.{key}: {value} kHz is outside {domain['name']}'s range {low}-{high} kHz"
+                    )
+            if values["min_khz"] > values["max_khz"]:
+                raise PowerError("cpupools_power.uncore: min_khz is above max_khz")
+            uncore[domain["name"]] = values
+    return {
+        "cpus": entries,
+        "uncore": uncore,
+        "driver": facts["cpufreq"]["driver"],
+        "mode": facts["cpufreq"]["mode"],
+        "idle_driver": facts["cpuidle"]["driver"],
+    }
+
+
+def _check_cpufreq(where: str, cpu: int, wanted: Mapping, policy: Mapping | None, cpufreq: Mapping) -> None:
+    if policy is None:
+        return
+    governor = wanted.get("governor")
+    if governor is not None and governor not in policy["governors"]:
+        raise PowerError(
+            f"{where}: governor {governor} is not offered on CPU {cpu} (driver {policy['driver']}"
+            f"{', mode ' + cpufreq['mode'] if cpufreq.get('mode') else ''}); it has {', '.join(policy['governors'])}"
+        )
+    low, high = policy["min_khz"], policy["max_khz"]
+    for key in ("min_khz", "max_khz"):
+        value = wanted.get(key)
+        if value is not None and low is not None and high is not None and not low <= value <= high:
+            raise PowerError(f"{where}: {key} {value} kHz is outside CPU {cpu}'s range {low}-{high} kHz")
+    epp = wanted.get("epp")
+    if epp is not None:
+        if policy["epp"] is None:
+            raise PowerError(
+                f"{where}: CPU {cpu} has no energy_performance_preference (driver {policy['driver']}"
+                f"{', mode ' + cpufreq['mode'] if cpufreq.get('mode') else ''}: only intel_pstate and amd-pstate-epp "
+                "in active mode have one)"
+            )
+        if not epp.isdigit() and epp not in policy["epps"]:
+            raise PowerError(f"{where}: epp {epp} is not offered on CPU {cpu}; it has {', '.join(policy['epps'])}")
+        if (governor or policy["governor"]) == "performance" and epp != "performance":
+            raise PowerError(
+                f"{where}: epp {epp} with the performance governor: the driver pins the preference to "
+                "performance under that governor (writing another fails with EBUSY); use governor powersave"
+            )

@@ -178,6 +178,22 @@ def render_housekeep_service() -> str:
     )
 
 
+def render_housekeep_power_service() -> str:
+    return (
+        HEADER + "[Unit]\n"
+        "Description=cpupools: power and frequency per pool, before the workloads (cmk housekeep --power-only)\n"
+        "Documentation=https://github.com/cpupools/cpupools/blob/main/docs/power.md\n"
+        # Before what starts workloads; after the drivers' modules are loaded (the timer's passes catch a late one).
+        "DefaultDependencies=no\n"
+        "After=local-fs.target systemd-modules-load.service\n"
+        "Before=containerd.service crio.service docker.service kubelet.service multi-user.target\n"
+        f"ConditionPathExists={HOUSEKEEP_CONFIG}\n\n"
+        "[Service]\nType=oneshot\n"
+        f"ExecStart=/usr/bin/env python3 -IS {HOUSEKEEP_PROGRAM} housekeep --config={HOUSEKEEP_CONFIG} --power-only\n\n"
+        "[Install]\nWantedBy=multi-user.target\n"
+    )
+
+
 def render_agent_settings(pid_ns: int, isolate_shell: bool) -> str:
     return (
         HEADER + "# The node's PID namespace (inode of /proc/self/ns/pid on the node): cmk\n"
@@ -226,6 +242,7 @@ def desired_files(values: Mapping, outputs: Mapping, host: str, pid_ns: int) -> 
                 outputs["housekeeping_cpus"],
                 values["conf_dir"] if values["runtime"] == "cmk" else None,
                 values["housekeep_keep"],
+                outputs.get("power") or {},
             ),
             0o644,
             True,
@@ -235,6 +252,14 @@ def desired_files(values: Mapping, outputs: Mapping, host: str, pid_ns: int) -> 
             "agent",
             f"{UNIT_DIR}/{HOUSEKEEP_UNIT}.service",
             render_housekeep_service(),
+            0o644,
+            True,
+            bool(values["housekeep"]),
+        ),
+        "housekeep_power": NodeFile(
+            "agent",
+            f"{UNIT_DIR}/{HOUSEKEEP_UNIT}-power.service",
+            render_housekeep_power_service(),
             0o644,
             True,
             bool(values["housekeep"]),
@@ -252,7 +277,7 @@ def desired_files(values: Mapping, outputs: Mapping, host: str, pid_ns: int) -> 
 
 
 #: The housekeeper's files, in the order the agent stage writes them.
-HOUSEKEEP_FILES = ("housekeep", "housekeep_service", "housekeep_timer")
+HOUSEKEEP_FILES = ("housekeep", "housekeep_service", "housekeep_power", "housekeep_timer")
 
 
 #: Which inventory switch turns each optional drop-in on.
@@ -430,7 +455,9 @@ def housekeep_reasons(
             reasons.append(f"housekeep: {reason}")
     if manage_services(values) and systemctl is not None:
         timer, service = f"{HOUSEKEEP_UNIT}.timer", f"{HOUSEKEEP_UNIT}.service"
-        for unit, check in ((service, "is-enabled"), (timer, "is-enabled"), (timer, "is-active")):
+        power = f"{HOUSEKEEP_UNIT}-power.service"
+        checks = ((service, "is-enabled"), (power, "is-enabled"), (timer, "is-enabled"), (timer, "is-active"))
+        for unit, check in checks:
             if systemctl([check, "--quiet", unit]) != 0:
                 reasons.append(f"housekeep: {unit} is not {check[3:]}")
     return reasons

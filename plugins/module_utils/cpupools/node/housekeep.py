@@ -55,6 +55,7 @@ from dataclasses import dataclass
 
 from ..core.cpulist import format_cpulist, format_sysfs_cpumask, parse_cpulist, parse_cpumask
 from ..core.errors import CpulistError, StateError
+from .power import parse_power_lines, power_pass, render_power_lines
 from .tasks import Facts, kernel_cpus, read_cmk_held, read_node_masks, read_tasks
 
 #: ``/proc/PID/stat`` field 9 flags (include/linux/sched.h).
@@ -214,10 +215,14 @@ WORKQUEUE_DIR = "sys/devices/virtual/workqueue"
 CONFIG_HEADER = "# Managed by cpupools (Ansible). Local edits are overwritten by the next run.\n"
 
 
-def render_config(isolated: str, housekeeping: str, conf_dir: str | None, keep: Iterable[str] = ()) -> str:
+def render_config(
+    isolated: str, housekeeping: str, conf_dir: str | None, keep: Iterable[str] = (), power: Mapping | None = None
+) -> str:
     """The housekeeper's configuration, ``key=value`` lines: the plan's ``isolated`` and ``housekeeping``
     CPUs (cpulists), the pool state directory of a cmk node (``conf_dir``: its workloads are never moved;
-    absent on other runtimes), and one ``keep`` line per task name never moved (a regular expression)."""
+    absent on other runtimes), one ``keep`` line per task name never moved (a regular expression), and
+    the planned power settings (``power.plan_power``'s): one ``power`` line per group of CPUs, one
+    ``uncore`` line per uncore domain (node/power.py applies them)."""
     lines = [
         CONFIG_HEADER.rstrip("\n"),
         "# cmk housekeep (docs/agent.md): kernel threads and host tasks nobody pinned are moved",
@@ -228,6 +233,10 @@ def render_config(isolated: str, housekeeping: str, conf_dir: str | None, keep: 
     if conf_dir:
         lines.append(f"conf_dir={conf_dir}")
     lines += [f"keep={pattern}" for pattern in keep]
+    power_lines = render_power_lines(power or {})
+    if power_lines:
+        lines.append("# Power per pool (docs/power.md): set at boot before the kubelet, kept by every pass.")
+        lines += power_lines
     return "\n".join(lines) + "\n"
 
 
@@ -236,13 +245,16 @@ def parse_config(text: str, where: str = CONFIG_PATH) -> dict:
     (``None`` without), ``keep`` (compiled). A configuration that cannot be used raises ``StateError``."""
     raw: dict[str, str] = {}
     keep = []
+    power_lines: list[tuple[str, str, str]] = []
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         key, eq, value = line.partition("=")
-        if not eq or key not in ("isolated", "housekeeping", "conf_dir", "keep"):
+        if not eq or key not in ("isolated", "housekeeping", "conf_dir", "keep", "power", "uncore"):
             raise StateError(f"{where}:{number}: not a housekeeper configuration line: {line[:80]!r}")
-        if key == "keep":
+        if key in ("power", "uncore"):
+            power_lines.append((key, value, f"{where}:{number}"))
+        elif key == "keep":
             try:
                 keep.append(re.compile(value))
             except re.error as exc:
@@ -262,7 +274,13 @@ def parse_config(text: str, where: str = CONFIG_PATH) -> dict:
     conf_dir = raw.get("conf_dir") or None
     if conf_dir is not None and not conf_dir.startswith("/"):
         raise StateError(f"{where}: conf_dir={conf_dir} is not an absolute path")
-    return {"isolated": isolated, "housekeeping": housekeeping, "conf_dir": conf_dir, "keep": keep}
+    return {
+        "isolated": isolated,
+        "housekeeping": housekeeping,
+        "conf_dir": conf_dir,
+        "keep": keep,
+        "power": parse_power_lines(power_lines),
+    }
 
 
 _PROCESSOR = re.compile(r"^processor\s*:?\s*(\d+)", re.M)
@@ -327,6 +345,7 @@ def housekeep(
     proc_fs: str = "/proc",
     check: bool = False,
     setaffinity: Callable[[int, Iterable[int]], None] = os.sched_setaffinity,
+    power_only: bool = False,
 ) -> dict:
     """One pass: move what ``plan_moves`` finds, fix the workqueue masks; in ``check`` only say so.
 
@@ -349,7 +368,10 @@ def housekeep(
             f"the configuration names CPUs this node does not have online ({format_cpulist(foreign)}; "
             f"online: {format_cpulist(set(online) & set(running))}): nothing moved"
         )
-        return {"check": check, "moves": [], "workqueues": [], "summary": why, "problem": why}
+        return {"check": check, "moves": [], "workqueues": [], "power": [], "summary": why, "problem": why}
+    power = power_pass(config.get("power"), sysfs, check)
+    if power_only:
+        return {"check": check, "moves": [], "workqueues": [], "power": power["writes"], "summary": power["summary"]}
     tasks = read_tasks(proc, pods=True)
     held: set[int] = set()
     problem = None
@@ -375,7 +397,16 @@ def housekeep(
     else:
         results = apply_moves(moves, setaffinity)
         write_workqueues(sysfs, queues)
-    out = {"check": check, "moves": results, "workqueues": queues, "summary": summary(results)}
+    out = {
+        "check": check,
+        "moves": results,
+        "workqueues": queues,
+        "power": power["writes"],
+        "summary": summary(results),
+    }
+    planned = config.get("power") or {}
+    if power["writes"] or planned.get("cpus") or planned.get("uncore"):
+        out["summary"] += f"; {power['summary']}"
     if problem:
         out["problem"] = f"the pool state cannot be read, so no user-space task was moved: {problem}"
     return out

@@ -875,4 +875,6 @@ def housekeeping_outputs(plan: Mapping) -> dict:
         "irqbalance_banned_cpulist": format_cpulist(reserved),
         "kubelet_reserved_system_cpus": format_cpulist(reserved),
         "kubelet_system_reserved_cpu": str(len(reserved)),
+        # cpupools_power as planned (hardware/power.py plan_power): the housekeeper's configuration carries it
+        "power": plan.get("power") or {},
     }

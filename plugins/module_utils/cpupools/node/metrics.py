@@ -35,7 +35,7 @@ VERIFY_FILE = "cpupools_verify.prom"
 #: The reconcile counter carried from one pass's file to the next.
 RECLAIMED = "cpupools_reclaimed_cpulists_total"
 #: The checks of ``cpupools_verify`` (docs/verify.md); each gets a findings series, 0 when clean.
-VERIFY_CHECKS = ("irq", "workqueue", "kthread", "rcu", "nohz", "process", "cmk", "latency")
+VERIFY_CHECKS = ("irq", "workqueue", "kthread", "rcu", "nohz", "process", "cmk", "latency", "power")
 SEVERITIES = ("fail", "warn", "info")
 #: Pools whose cpulists are handed out whole, one process each: their held and free CPUs are metrics.
 EXCLUSIVE_POOLS = ("exclusive", "exclusive-non-isolcpus")

@@ -52,7 +52,7 @@ RESULT_VERSION = 1
 #: What the result shows of each checked CPU's power settings (hardware/power.py's per_cpu): its cpufreq
 #: governor and frequency range, and its deepest enabled idle state (None where the node has no driver).
 POWER_KEYS = ("governor", "scaling_min_khz", "scaling_max_khz", "deepest", "disabled")
-CHECKS = ("irq", "workqueue", "kthread", "rcu", "nohz", "process", "cmk", "latency")
+CHECKS = ("irq", "workqueue", "kthread", "rcu", "nohz", "process", "cmk", "latency", "power")
 SEVERITIES = ("fail", "warn", "info")
 
 #: The name kernel/irq/debugfs.c prints in the ``dstate`` block of a managed IRQ.
@@ -1008,6 +1008,54 @@ def _which(name: str) -> str | None:
     return shutil.which(name, path=path)
 
 
+def check_power(planned: Mapping, facts_root: str) -> list[dict]:
+    """Each planned CPU's power settings as the node shows them (``cpupools_power``, hardware/power.py):
+    a governor or scaling range other than planned, a C-state planned off that a CPU may enter, or one
+    planned on that it may not, fails; the housekeeper sets them at boot and on every pass."""
+    entries = planned.get("cpus") or []
+    if not entries:
+        return []
+    cpus = sorted({cpu for entry in entries for cpu in parse_cpulist(entry["cpus"])})
+    now = power_per_cpu(read_power(facts_root, cpus))
+    wrong: dict[str, list[int]] = {}
+    for entry in entries:
+        names = entry.get("cstate_names") or {}
+        for cpu in parse_cpulist(entry["cpus"]):
+            found = now.get(cpu) or {}
+            said = []
+            if "governor" in entry and found.get("governor") != entry["governor"]:
+                said.append(f"governor {found.get('governor')} (planned {entry['governor']})")
+            for key, shown in (("min_khz", "scaling_min_khz"), ("max_khz", "scaling_max_khz")):
+                if key in entry and found.get(shown) != entry[key]:
+                    said.append(f"{key} {found.get(shown)} (planned {entry[key]})")
+            disabled = set(found.get("disabled") or ())
+            may = [
+                names.get(str(i), f"state{i}")
+                for i in entry.get("cstates_off") or ()
+                if names.get(str(i)) not in disabled
+            ]
+            may_not = [
+                names.get(str(i), f"state{i}") for i in entry.get("cstates_on") or () if names.get(str(i)) in disabled
+            ]
+            if may:
+                said.append(f"may enter {', '.join(may)} (planned off: deeper than the {entry['pool']} pool's limit)")
+            if may_not:
+                said.append(f"may not enter {', '.join(may_not)} (planned on)")
+            for text in said:
+                wrong.setdefault(text, []).append(cpu)
+    return [
+        _finding(
+            "power",
+            "fail",
+            members,
+            f"CPU {_list(members)}: {text}; the housekeeper sets what the plan says at boot and on every pass "
+            "(cpupools_housekeep; something else changed it since, or its last pass was refused: "
+            "journalctl -u cpupools-housekeep)",
+        )
+        for text, members in sorted(wrong.items(), key=lambda item: (item[1], item[0]))
+    ]
+
+
 def check_latency(section: dict, judged: set[int]) -> list[dict]:
     """Threshold findings: a judged (isolated, measured) CPU over ``max_us`` or ``p99_us`` fails."""
     findings = []
@@ -1190,6 +1238,8 @@ def verify(
     after = parse_interrupts(facts.read("proc/interrupts") or "")[1]
     grown = interrupt_growth(before, after, isolated)
     findings += check_interrupt_growth(grown, seconds)
+
+    findings += check_power(plan.get("power") or {}, facts_root)
 
     if reboot_pending:
         findings = [_pending(f) for f in findings]

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ..core.cpulist import parse_cpulist
+from ..hardware.power import plan_power, read_power
 from ..hardware.topology import Topology
 from ..node.bootloader import Host, Runner, kernel_release
 from ..node.hugepages import plan_hugepages
@@ -40,6 +42,7 @@ def plan_host(topology: Topology, facts: Mapping, values: Mapping, request: Mapp
         boot_release(values),
     )
     plan["warnings"] = [*plan["warnings"], *plan["hugepages"]["warnings"]]
+    plan["power"] = plan_node_power(values, plan, topology, facts)
     if values.get("runtime") == "kubelet":
         values = {**values, "kubelet_version": resolve_version(values.get("kubelet_version"), run)}
     config = check_kubelet(plan, topology, values)
@@ -53,6 +56,19 @@ def plan_host(topology: Topology, facts: Mapping, values: Mapping, request: Mapp
             )
         plan["kubelet"] = {"version": version, "version_known": known, "config": config}
     return plan
+
+
+def plan_node_power(values: Mapping, plan: Mapping, topology: Topology, facts: Mapping) -> dict:
+    """``cpupools_power`` on this node (``power.plan_power``): refused here, in the plan, when the node's
+    drivers do not offer it. The power facts are read only when there are settings (``facts["power"]``
+    when the facts module read them, else from the facts root)."""
+    settings = values.get("power") or {}
+    if not settings:
+        return {}
+    known = facts.get("power") if isinstance(facts, Mapping) else None
+    power_facts = known or read_power(values["facts_root"] or values["root"], topology.online)
+    pools = {pool: parse_cpulist(cpus) for pool, cpus in (plan.get("pool_cpus") or {}).items()}
+    return plan_power(settings, power_facts, pools, "this node")
 
 
 def boot_release(values: Mapping) -> str | None:

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 from ..core.cpulist import ISOLCPUS_FLAGS, parse_cpulist
 from ..core.errors import CpulistError, CpupoolsError, PlanError, show
+from ..core.names import POOL_ORDER
+from ..hardware.power import to_settings as to_power_settings
 from ..node.cmk15 import CMK_NAMESPACES
 from ..node.hugepages import parse_entries as to_hugepages
 from ..node.hugepages import parse_size, size_label
@@ -470,8 +472,18 @@ def _task_names(raw: object, field: str) -> list[str]:
     return patterns
 
 
+def _power(raw: object, field: str) -> dict:
+    """``power.to_settings``: pool (or ``uncore``) -> settings, in their shape (the node's drivers are the plan's)."""
+    if isinstance(raw, str) and len(raw) <= 4096:
+        raw = _mapping_text(raw)
+    try:
+        return to_power_settings(raw, POOL_ORDER, "")
+    except CpupoolsError as exc:
+        raise InputError(str(exc), field) from None
+
+
 #: What verify checks (module_utils/cpupools/node/verify.py); ``cpupools_verify_fail_on`` picks those that fail a node.
-VERIFY_CHECKS = ("irq", "workqueue", "kthread", "rcu", "nohz", "process", "cmk", "latency")
+VERIFY_CHECKS = ("irq", "workqueue", "kthread", "rcu", "nohz", "process", "cmk", "latency", "power")
 
 
 def _auto_or_cpus(raw: object, field: str) -> str | tuple[int, ...]:
@@ -518,6 +530,8 @@ SPEC: dict[str, Var] = {
     "isolate_cpu0": _var("plan", to_bool, False, "bool"),
     "plan_check_stages": _var("plan", to_bool, True, "bool"),
     "hugepages": _var("plan", to_hugepages, [], "raw"),
+    # per-pool power and frequency, checked against the node's drivers by the plan (hardware/power.py)
+    "power": _var("plan", _power, {}, "raw"),
     "hugepages_default_size": _var("plan", _page_size, ""),
     "hugepages_keep_free_mb": _var("plan", _int(0, 1 << 30), 1024, "int"),
     "converged_check": _var("plan", to_bool, True, "bool"),
@@ -660,6 +674,7 @@ INTERNAL = frozenset(
         "agent_housekeep_units",
         "agent_housekeep_predicted",
         "agent_housekeep_timer_file",
+        "agent_power_restored",
         "cmk_retire_v15",
         "agent_build",
         "agent_build_script",
