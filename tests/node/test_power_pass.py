@@ -184,3 +184,20 @@ def test_verify_fails_a_cpu_whose_settings_are_not_the_plans(node):
     messages = " / ".join(f["message"] for f in (deeper, shallower))
     assert "CPU 3: may enter C6" in messages and "CPU 2: may not enter C1 (planned on)" in messages
     assert check_power({}, str(node)) == []
+
+
+def test_a_cpu_offline_when_it_leaves_the_pool_gets_its_values_back_when_it_returns(node):
+    sysfs = Facts(str(node))
+    power.power_pass(planned(node, {"exclusive": {"governor": "performance"}}, exclusive=(2, 3)), sysfs)
+    policy = node / f"{CPU}/cpufreq/policy3"
+    hidden = node / "policy3-offline"
+    policy.rename(hidden)  # CPU 3 offline: its policy's files are gone from sysfs
+    config = planned(node, {"exclusive": {"governor": "performance"}}, exclusive=(2,))
+    assert power.power_pass(config, sysfs)["writes"] == []
+    saved = json.loads((node / power.SAVED.lstrip("/")).read_text())
+    assert saved[f"{CPU}/cpu3/cpufreq/scaling_governor"] == "powersave"  # kept for its return
+    hidden.rename(policy)
+    back = power.power_pass(config, sysfs)
+    assert [(w["path"], w["to"], w["status"]) for w in back["writes"]] == [
+        (f"/{CPU}/cpu3/cpufreq/scaling_governor", "powersave", "restored")
+    ]

@@ -157,7 +157,7 @@ def _write_saved(sysfs: Facts, saved: Mapping[str, str]) -> None:
             os.unlink(path)
         return
     os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-    tmp = f"{path}.tmp"
+    tmp = f"{path}.{os.getpid()}.tmp"  # the boot unit's pass and the timer's may meet
     with open(tmp, "w", encoding="utf-8") as handle:
         handle.write(json.dumps(dict(sorted(saved.items())), indent=1) + "\n")
         handle.flush()
@@ -179,7 +179,9 @@ def power_pass(config: Mapping | None, sysfs: Facts, check: bool = False) -> dic
         for path, value in sorted(saved.items())
         if path not in wanted and current[path] is not None and current[path] != value
     ]
-    gone = [path for path in saved if path not in wanted and (current[path] is None or current[path] == saved[path])]
+    # Given back already (or never changed since): forgotten. A file that is not there now (a CPU offline,
+    # a driver unloaded) keeps its saved value, to be given back when it returns.
+    gone = [path for path in saved if path not in wanted and current[path] == saved[path]]
     writes = [
         {"path": "/" + path, "from": current[path], "to": value, "restore": False}
         for path, value in desired
