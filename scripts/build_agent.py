@@ -123,19 +123,35 @@ def _file(parts: tuple[str, ...]) -> str | None:
     return None
 
 
-def imported(parts: tuple[str, ...], path: str, everywhere: bool = True) -> list[tuple[str, ...]]:
+#: The condition under which the package's ``__init__`` installs the bytecode cache of a module's payload
+#: from Ansible (plugins/module_utils/cpupools/core/bytecode.py): never true in the agent's zipapp.
+ANSIBLE_PAYLOAD_GUARD = "__name__.startswith('ansible_collections.')"
+
+
+def imported(
+    parts: tuple[str, ...], path: str, everywhere: bool = True, in_payload: bool = True
+) -> list[tuple[str, ...]]:
     """The package's modules that the module ``parts`` (at ``path``) imports.
 
     Wherever the statement is (``everywhere``: a lazy import is still needed
     when its function runs), or at module level only (what importing the
     module runs at once: tests/test_layers.py's cycle check). The one reader
     of the package's import graph: the closure here, the floors there.
+    ``in_payload=False`` leaves out what runs only inside an Ansible module's
+    payload (an ``if`` on ``ANSIBLE_PAYLOAD_GUARD``): the zipapp's closure.
     """
     with open(path, "rb") as handle:
         tree = ast.parse(handle.read(), path)
     here = parts if path.endswith("__init__.py") else parts[:-1]  # the package a relative import starts from
+    skipped: set[int] = set()
+    if not in_payload:
+        for top in tree.body:
+            if isinstance(top, ast.If) and ast.unparse(top.test).startswith(ANSIBLE_PAYLOAD_GUARD):
+                skipped.update(id(node) for node in ast.walk(top))
     found = []
     for node in ast.walk(tree) if everywhere else tree.body:
+        if id(node) in skipped:
+            continue
         if isinstance(node, ast.ImportFrom) and node.level:
             if node.level - 1 > len(here):
                 raise SystemExit(f"build_agent.py: {path}:{node.lineno}: relative import above the package")
@@ -166,7 +182,7 @@ def closure() -> list[str]:
                 if path is None:
                     raise SystemExit(f"build_agent.py: no module {'.'.join(module) or 'cpupools'} in the package")
                 seen[module] = path
-                todo += imported(module, path)
+                todo += imported(module, path, in_payload=False)
     return sorted(os.path.relpath(path, PACKAGE_DIR).replace(os.sep, "/") for path in seen.values())
 
 

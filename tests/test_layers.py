@@ -87,7 +87,8 @@ def test_init_files_import_nothing():
             body = [n for n in tree.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
             if parts == () and len(body) == 1 and isinstance(body[0], ast.If):
                 guard = ast.unparse(body[0].test)
-                assert guard.startswith("__name__.startswith('ansible_collections.')"), guard
+                assert guard.startswith(build_agent.ANSIBLE_PAYLOAD_GUARD), guard
+                assert imports(parts, path) and not build_agent.imported(parts, str(path), in_payload=False)
                 assert set(imports(parts, path)) == {("core",), ("core", "bytecode")}, imports(parts, path)
                 continue
             assert not body, f"{show(parts)}/__init__.py holds more than its docstring"
