@@ -53,7 +53,8 @@ def shapes(draw):
                 node = s * nodes + n
                 ids = tuple(core + t * p_cores for t in range(threads))
                 l3 = {"none": None, "per-node": node, "ccd": node * 100 + c // ccd, "socket": s}[l3_kind]
-                l2 = 10000 + core // module if module > 1 else core
+                # an L2 module (four E cores) never spans two NUMA nodes: numbered within its node
+                l2 = 10000 + node * 1000 + c // module if module > 1 else core
                 kind = PERFORMANCE if hybrid else None
                 for cpu in ids:
                     cpus[cpu] = Cpu(cpu, s, 0, node, c, ids, None, l3, l2, kind)
