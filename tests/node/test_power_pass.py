@@ -201,3 +201,23 @@ def test_a_cpu_offline_when_it_leaves_the_pool_gets_its_values_back_when_it_retu
     assert [(w["path"], w["to"], w["status"]) for w in back["writes"]] == [
         (f"/{CPU}/cpu3/cpufreq/scaling_governor", "powersave", "restored")
     ]
+
+
+@pytest.mark.parametrize(
+    "saved",
+    ["not json", '{"sys/devices/system/cpu/../../../etc/shadow": "x"}', '{"etc/passwd": "x"}', "[1]"],
+)
+def test_saved_values_that_cannot_be_trusted_set_nothing_and_the_tasks_still_move(node, saved):
+    path = node / power.SAVED.lstrip("/")
+    path.parent.mkdir(parents=True)
+    path.write_text(saved)
+    config = housekeep.parse_config(
+        housekeep.render_config("2-3", "0-1", None, (), {"cpus": [{"cpus": "2", "governor": "performance"}]})
+    )
+    with pytest.raises(StateError):
+        power.power_pass(config["power"], Facts(str(node)))
+    proc = node / "proc-empty"
+    (proc / "proc").mkdir(parents=True)
+    result = housekeep.housekeep(config, Facts(str(proc)), Facts(str(node)), proc_fs=str(proc / "proc"))
+    assert result["power"] == [] and "power settings not set" in result["problem"]
+    assert read(node, f"{CPU}/cpu2/cpufreq/scaling_governor") == "powersave"

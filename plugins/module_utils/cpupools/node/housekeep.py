@@ -369,9 +369,16 @@ def housekeep(
             f"online: {format_cpulist(set(online) & set(running))}): nothing moved"
         )
         return {"check": check, "moves": [], "workqueues": [], "power": [], "summary": why, "problem": why}
-    power = power_pass(config.get("power"), sysfs, check)
+    try:
+        power = power_pass(config.get("power"), sysfs, check)
+    except StateError as exc:
+        # Its saved values cannot be read: setting anything would lose what to give back. The tasks still move.
+        power = {"writes": [], "summary": f"power: nothing set ({exc})", "problem": str(exc)}
     if power_only:
-        return {"check": check, "moves": [], "workqueues": [], "power": power["writes"], "summary": power["summary"]}
+        out = {"check": check, "moves": [], "workqueues": [], "power": power["writes"], "summary": power["summary"]}
+        if "problem" in power:
+            out["problem"] = f"power settings not set: {power['problem']}"
+        return out
     tasks = read_tasks(proc, pods=True)
     held: set[int] = set()
     problem = None
@@ -405,8 +412,10 @@ def housekeep(
         "summary": summary(results),
     }
     planned = config.get("power") or {}
-    if power["writes"] or planned.get("cpus") or planned.get("uncore"):
+    if power["writes"] or planned.get("cpus") or planned.get("uncore") or "problem" in power:
         out["summary"] += f"; {power['summary']}"
     if problem:
         out["problem"] = f"the pool state cannot be read, so no user-space task was moved: {problem}"
+    if "problem" in power:
+        out["problem"] = "; ".join(filter(None, [out.get("problem"), f"power settings not set: {power['problem']}"]))
     return out

@@ -147,6 +147,10 @@ def read_saved(sysfs: Facts) -> dict[str, str]:
         raise StateError(f"{SAVED}: not the housekeeper's saved values (not JSON)") from None
     if not isinstance(saved, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in saved.items()):
         raise StateError(f"{SAVED}: not the housekeeper's saved values")
+    # Only what the housekeeper writes: a CPU's or the uncore's files, no way out of sysfs.
+    for path in saved:
+        if not path.startswith(f"{CPU}/") or ".." in path.split("/") or "\n" in saved[path]:
+            raise StateError(f"{SAVED}: {path[:120]!r} is not a file the housekeeper sets")
     return saved
 
 
