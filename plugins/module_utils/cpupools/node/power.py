@@ -125,7 +125,7 @@ def _order(writes: list[dict], current: Mapping[str, str | None]) -> list[dict]:
     as it stands (the kernel refuses a minimum above the maximum); the lower bound first otherwise."""
     out = list(writes)
     for write in writes:
-        directory, _, file = write["path"].rpartition("/")
+        directory, file = write["path"].rsplit("/", 1)
         if file not in _RANGES:
             continue
         upper = f"{directory}/{_RANGES[file]}"
