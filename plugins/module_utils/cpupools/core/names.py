@@ -1,4 +1,4 @@
-"""Names more than one floor speaks: CMK's pool names, and the label on cpupools' cluster objects.
+"""Names more than one floor speaks: CMK's pool names, verify's checks, the label on cpupools' cluster objects.
 
 CMK's pool names are its interface (CMK's intel/init.py): the state directory's
 ``pools/<name>`` folders, the ``--pool`` of ``cmk isolate``, the node's
@@ -15,5 +15,8 @@ ENI = "exclusive-non-isolcpus"
 POOL_ORDER = (EXCLUSIVE, SHARED, ENI, INFRA)
 #: Pools whose cpulists are handed out whole to one process.
 EXCLUSIVE_POOLS = (EXCLUSIVE, ENI)
+#: What verify.yml checks (node/verify.py), in the order it reports them; ``cpupools_verify_fail_on``
+#: picks those that fail a node, and the metrics count findings per check.
+VERIFY_CHECKS = ("irq", "workqueue", "kthread", "rcu", "nohz", "process", "cmk", "latency", "power")
 #: The label on every cluster object cpupools owns (and may therefore change or delete).
 MANAGED_BY = {"app.kubernetes.io/managed-by": "cpupools"}

@@ -28,6 +28,7 @@ from typing import NamedTuple
 
 from ..core.cpulist import format_cpulist, parse_cpulist
 from ..core.errors import CpupoolsError
+from ..core.names import VERIFY_CHECKS
 from . import state as st
 
 RECONCILE_FILE = "cpupools.prom"
@@ -35,7 +36,6 @@ VERIFY_FILE = "cpupools_verify.prom"
 #: The reconcile counter carried from one pass's file to the next.
 RECLAIMED = "cpupools_reclaimed_cpulists_total"
 #: The checks of ``cpupools_verify`` (docs/verify.md); each gets a findings series, 0 when clean.
-VERIFY_CHECKS = ("irq", "workqueue", "kthread", "rcu", "nohz", "process", "cmk", "latency", "power")
 SEVERITIES = ("fail", "warn", "info")
 #: Pools whose cpulists are handed out whole, one process each: their held and free CPUs are metrics.
 EXCLUSIVE_POOLS = ("exclusive", "exclusive-non-isolcpus")

@@ -37,6 +37,7 @@ import time
 
 from ..core.cpulist import format_cpulist, parse_cpulist, parse_cpumask, parse_isolcpus
 from ..core.errors import CpulistError, VerifyError
+from ..core.names import VERIFY_CHECKS
 from ..hardware.power import per_cpu as power_per_cpu
 from ..hardware.power import read_power
 from ..hardware.topology import parse_kernel_cmdline
@@ -52,7 +53,7 @@ RESULT_VERSION = 1
 #: What the result shows of each checked CPU's power settings (hardware/power.py's per_cpu): its cpufreq
 #: governor and frequency range, and its deepest enabled idle state (None where the node has no driver).
 POWER_KEYS = ("governor", "scaling_min_khz", "scaling_max_khz", "deepest", "disabled")
-CHECKS = ("irq", "workqueue", "kthread", "rcu", "nohz", "process", "cmk", "latency", "power")
+CHECKS = VERIFY_CHECKS
 SEVERITIES = ("fail", "warn", "info")
 
 #: The name kernel/irq/debugfs.c prints in the ``dstate`` block of a managed IRQ.

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from ..core.cpulist import ISOLCPUS_FLAGS, parse_cpulist
 from ..core.errors import CpulistError, CpupoolsError, PlanError, show
-from ..core.names import POOL_ORDER
+from ..core.names import POOL_ORDER, VERIFY_CHECKS
 from ..hardware.power import to_settings as to_power_settings
 from ..node.cmk15 import CMK_NAMESPACES
 from ..node.hugepages import parse_entries as to_hugepages
@@ -480,10 +480,6 @@ def _power(raw: object, field: str) -> dict:
         return to_power_settings(raw, POOL_ORDER, "")
     except CpupoolsError as exc:
         raise InputError(str(exc), field) from None
-
-
-#: What verify checks (module_utils/cpupools/node/verify.py); ``cpupools_verify_fail_on`` picks those that fail a node.
-VERIFY_CHECKS = ("irq", "workqueue", "kthread", "rcu", "nohz", "process", "cmk", "latency", "power")
 
 
 def _auto_or_cpus(raw: object, field: str) -> str | tuple[int, ...]:
