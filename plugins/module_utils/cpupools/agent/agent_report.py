@@ -432,33 +432,33 @@ def cmd_housekeep(opts: dict[str, str | bool], environ: dict[str, str] | os._Env
     from ..node.tasks import Facts
 
     sysfs = checked_path("CPUPOOLS_SYSFS_ROOT", environ.get("CPUPOOLS_SYSFS_ROOT") or "/")
+    check = bool(opts.get("--check"))
     if opts.get("--restore"):
         # The uninstall: every power setting the housekeeper changed goes back; nothing else is read.
         from ..node.power import power_pass
 
-        restored = power_pass(None, Facts(sysfs), check=bool(opts.get("--check")))
-        result = {"check": bool(opts.get("--check")), "power": restored["writes"], "summary": restored["summary"]}
-        sys.stdout.write(json.dumps(result, indent=2, sort_keys=True) + "\n")
-        sys.stderr.write(f"cmk housekeep: {restored['summary']}\n")
-        return EXIT_OK
-    path = checked_path("--config", str(opts.get("--config") or hk.CONFIG_PATH))
-    try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
-    except OSError as exc:
-        raise StateError(f"{path}: {exc.strerror}") from None
-    config = hk.parse_config(text, path)
-    proc_fs = proc_fs_of(environ)
-    if os.path.basename(proc_fs.rstrip("/")) != "proc":
-        raise StateError(f"CMK_PROC_FS={proc_fs}: housekeep reads a directory named proc")
-    result = hk.housekeep(
-        config,
-        Facts(os.path.dirname(proc_fs.rstrip("/")) or "/"),
-        Facts(sysfs),
-        proc_fs=proc_fs,
-        check=bool(opts.get("--check")),
-        power_only=bool(opts.get("--power-only")),
-    )
+        restored = power_pass(None, Facts(sysfs), check=check)
+        result = {"check": check, "moves": [], "workqueues": [], "power": restored["writes"]}
+        result["summary"] = restored["summary"]
+    else:
+        path = checked_path("--config", str(opts.get("--config") or hk.CONFIG_PATH))
+        try:
+            with open(path, encoding="utf-8") as handle:
+                text = handle.read()
+        except OSError as exc:
+            raise StateError(f"{path}: {exc.strerror}") from None
+        config = hk.parse_config(text, path)
+        proc_fs = proc_fs_of(environ)
+        if os.path.basename(proc_fs.rstrip("/")) != "proc":
+            raise StateError(f"CMK_PROC_FS={proc_fs}: housekeep reads a directory named proc")
+        result = hk.housekeep(
+            config,
+            Facts(os.path.dirname(proc_fs.rstrip("/")) or "/"),
+            Facts(sysfs),
+            proc_fs=proc_fs,
+            check=check,
+            power_only=bool(opts.get("--power-only")),
+        )
     sys.stdout.write(json.dumps(result, indent=2, sort_keys=True) + "\n")
     power = result["power"]
     lines = [

@@ -191,9 +191,8 @@ def power_pass(config: Mapping | None, sysfs: Facts, check: bool = False) -> dic
         for path, value in desired
         if current[path] != value
     ]
-    writes = _order(restores, {"/" + k: v for k, v in current.items()}) + _order(
-        writes, {"/" + k: v for k, v in current.items()}
-    )
+    now = {"/" + path: value for path, value in current.items()}
+    writes = _order(restores, now) + _order(writes, now)
     if check:
         for write in writes:
             write["status"] = "would restore" if write.pop("restore") else "would write"
