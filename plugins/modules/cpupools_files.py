@@ -5,7 +5,7 @@
 DOCUMENTATION = r"""
 ---
 module: cpupools_files
-short_description: Write the text files the plan rendered for a stage, in one module run
+short_description: Write the text files the plan rendered for a stage, and remove what it retires, in one module run
 description:
   - Writes each file of O(files) whose content, mode or owner differs from the
     node's copy, atomically (a temporary file in the same directory, renamed
@@ -14,6 +14,8 @@ description:
   - One module run for all of a stage's small files (the plan play's
     C(cpupools_converged) renders them, plugins/module_utils/cpupools/node/converge.py),
     where a C(copy) loop runs one or two per file.
+  - Removes each path of O(remove) that is there (a file, a symbolic link, or a
+    directory with all it holds), in the same run, where a C(file) loop runs one per path.
   - Supports check mode (says which files would change, writes nothing) and
     diff mode (each changed file's text before and after).
 version_added: "1.1.0"
@@ -26,7 +28,7 @@ options:
     description: The files to write.
     type: list
     elements: dict
-    required: true
+    default: []
     suboptions:
       path:
         description: The file's absolute path on the node (under O(root)).
@@ -47,10 +49,19 @@ options:
         description: Whether the plan wants it, as the plan's file records carry it; a file not wanted fails.
         type: bool
         default: true
+  remove:
+    description:
+      - Absolute paths on the node (under O(root)) to remove when present, after the files are written.
+        A directory goes with all it holds; a symbolic link is removed, not followed.
+      - The node's root itself, and a path with C(..) in it, are refused before anything changes.
+    type: list
+    elements: str
+    default: []
+    version_added: "1.1.0"
 attributes:
   check_mode:
     support: full
-    description: Compares and writes nothing.
+    description: Compares, writes and removes nothing.
   diff_mode:
     support: full
     description: Each changed file's text before and after.
@@ -65,18 +76,29 @@ EXAMPLES = r"""
     files:
       - "{{ cpupools_plan_result.files.housekeep }}"
       - "{{ cpupools_plan_result.files.housekeep_service }}"
+
+- name: Remove cmk's launcher, its zipapp and its reconcile units
+  cpupools.cpupools.cpupools_files:
+    root: "{{ cpupools_root }}"
+    remove: [/opt/bin/cmk, /opt/bin/cmk.pyz, /etc/systemd/system/cpupools-reconcile.service]
 """
 
 RETURN = r"""
 files:
-  description: Each file's path and why it was written (C(missing), C(content), C(mode), C(owner)), or null.
+  description:
+    - Each file's path and why it was written (C(missing), C(content), C(mode), C(owner)), or null;
+      then each path of O(remove) with C(removed) (in check mode too), or null where nothing was there.
   returned: always
   type: list
   elements: dict
-  sample: [{"path": "/etc/cpupools/housekeep.conf", "changed": "content"}]
+  sample:
+    - {"path": "/etc/cpupools/housekeep.conf", "changed": "content"}
+    - {"path": "/opt/bin/cmk", "changed": "removed"}
 """
 
 import os
+import shutil
+import stat
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node.nodecode import under
@@ -87,7 +109,7 @@ ARGUMENT_SPEC = {
     "files": {
         "type": "list",
         "elements": "dict",
-        "required": True,
+        "default": [],
         "options": {
             "path": {"type": "str", "required": True},
             "content": {"type": "str", "required": True},
@@ -96,6 +118,7 @@ ARGUMENT_SPEC = {
             "wanted": {"type": "bool", "default": True},
         },
     },
+    "remove": {"type": "list", "elements": "str", "default": []},
 }
 
 
@@ -130,9 +153,41 @@ def make_parents(directory):
             os.chown(path, 0, 0)
 
 
+def removable(path):
+    """Why the node path ``path`` may not be removed, or None."""
+    if not path.startswith("/"):
+        return f"{path!r} is not an absolute path"
+    if ".." in path.split("/"):
+        return f"{path!r} climbs out with '..'"
+    if not path.strip("/"):
+        return "the node's root is never removed"
+    return None
+
+
+def kind_of(path):
+    """What is at ``path``, not following a last symbolic link: ``directory``, ``file``, or None."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return "directory" if stat.S_ISDIR(info.st_mode) else "file"
+
+
+def remove_path(path, kind):
+    """Remove what is at ``path`` (a directory with all it holds; a link itself)."""
+    if kind == "directory":
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)
+
+
 def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     root = module.params["root"]
+    for path in module.params["remove"]:  # all refused before anything is written
+        why = removable(path)
+        if why:
+            module.fail_json(msg=f"cpupools_files: remove: {why}")
     results, diffs = [], []
     for wanted in module.params["files"]:
         if not wanted["wanted"]:
@@ -163,6 +218,17 @@ def main():
                     "after": wanted["content"],
                 }
             )
+    for wanted_gone in module.params["remove"]:
+        path = under(root, wanted_gone)
+        kind = kind_of(path)
+        if kind and not module.check_mode:
+            try:
+                remove_path(path, kind)
+            except OSError as exc:
+                module.fail_json(msg=f"cpupools_files: remove {wanted_gone}: {exc.strerror}", files=results)
+        results.append({"path": wanted_gone, "changed": "removed" if kind else None})
+        if kind and module._diff:
+            diffs.append({"before_header": wanted_gone, "after_header": wanted_gone, "before": kind, "after": "absent"})
     changed = any(result["changed"] for result in results)
     module.exit_json(changed=changed, files=results, diff=diffs)
 

@@ -53,3 +53,48 @@ def test_a_path_the_plan_cannot_mean_is_refused(tmp_path):
     assert unwanted["failed"] and "does not want this file written" in unwanted["msg"]
     mode = run_module("cpupools_files", {"root": str(tmp_path), "files": [{**CONF, "mode": "rw"}]}, tmp_path)
     assert mode["failed"] and "is not octal" in mode["msg"]
+
+
+def test_remove_takes_files_links_and_trees_once_and_check_mode_says_it_first(tmp_path):
+    root = tmp_path / "node"
+    (root / "etc/cpupools").mkdir(parents=True)
+    (root / "etc/cpupools/housekeep.conf").write_text("isolated=2-3\n")
+    (root / "opt/bin").mkdir(parents=True)
+    (root / "opt/bin/cmk.pyz").write_bytes(b"PK")
+    kept = tmp_path / "kept"  # outside the root: a link to it goes, what it points to stays
+    kept.write_text("mine\n")
+    (root / "opt/bin/cmk").symlink_to(kept)
+    gone = ["/etc/cpupools", "/opt/bin/cmk", "/opt/bin/cmk.pyz", "/etc/systemd/system/cpupools-reconcile.timer"]
+    args = {"root": str(root), "files": [CONF], "remove": gone[1:]}
+    checked = run_module("cpupools_files", {**args, "_ansible_check_mode": True, "_ansible_diff": True}, tmp_path)
+    assert checked["changed"]
+    assert [f["changed"] for f in checked["files"]] == ["content", "removed", "removed", None]
+    assert checked["diff"][1] == {
+        "before_header": "/opt/bin/cmk",
+        "after_header": "/opt/bin/cmk",
+        "before": "file",
+        "after": "absent",
+    }
+    assert (root / "opt/bin/cmk").is_symlink() and (root / "opt/bin/cmk.pyz").exists()
+    done = run_module("cpupools_files", {"root": str(root), "remove": gone}, tmp_path)
+    assert done["changed"] and [f["changed"] for f in done["files"]] == ["removed", "removed", "removed", None]
+    assert sorted(os.listdir(root / "etc")) == [] and os.listdir(root / "opt/bin") == []
+    assert kept.read_text() == "mine\n"
+    again = run_module("cpupools_files", {"root": str(root), "remove": gone}, tmp_path)
+    assert not again["changed"] and [f["changed"] for f in again["files"]] == [None] * 4
+
+
+def test_a_removal_the_plan_cannot_mean_is_refused_before_anything_is_written(tmp_path):
+    root = tmp_path / "node"
+    root.mkdir()
+    (tmp_path / "outside").write_text("x\n")
+    for path, said in (
+        ("etc/cpupools", "'etc/cpupools' is not an absolute path"),
+        ("/etc/../../outside", "climbs out with '..'"),
+        ("/", "the node's root is never removed"),
+        ("//", "the node's root is never removed"),
+    ):
+        res = run_module("cpupools_files", {"root": str(root), "files": [CONF], "remove": [path]}, tmp_path)
+        assert res["failed"] and said in res["msg"], (path, res)
+        assert os.listdir(root) == [], path  # the file to write was not written either
+    assert (tmp_path / "outside").read_text() == "x\n"

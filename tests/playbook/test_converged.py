@@ -13,7 +13,6 @@ on then leaves every host converged by the stages' own account.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from collections import defaultdict
@@ -187,8 +186,8 @@ def fleet(tmp_path_factory):
 
 
 def test_every_shape_and_transition_agrees_with_the_stages(fleet):
-    # Freshly converged: the check says so on every shape, and no stage would change a thing.
-    compare_all(fleet, {host: set() for host in fleet.hosts})
+    # Each host through one transition (on the "none" hosts, freshly converged), then check mode with
+    # every stage running on every host: the check names exactly the stages that predict a change.
     names = list(TRANSITIONS)
     applied = {}
     expected = {}
@@ -202,18 +201,16 @@ def test_every_shape_and_transition_agrees_with_the_stages(fleet):
     assert set(applied.values()) == set(names)
     compare_all(fleet, expected)
 
-    # The fast path run repairs exactly those hosts, and leaves every host converged.
+    # The fast path run repairs exactly those hosts.
     real = fleet.run()
     ran = predicted(real)
     for host in fleet.hosts:
         assert ran[host] == expected[host], (host, applied[host], ran[host])
-    # The re-run finds every host converged, runs no stage task, changes nothing.
-    rerun = fleet.run()
-    assert all(not any(reasons.values()) for reasons in verdicts(rerun).values()), verdicts(rerun)
-    assert sum(rerun.changed(host) for host in fleet.hosts) == 0
-    assert {play["play"]["name"] for play in rerun.data["plays"] if play["tasks"]}.isdisjoint(STAGE_PLAYS), json.dumps(
-        [play["play"]["name"] for play in rerun.data["plays"] if play["tasks"]]
-    )
+    # Then every host is converged by the stages' own account: every stage, run in check mode on every
+    # shape, predicts no change, and the check says so. (This one run stands for the check of the freshly
+    # converged fleet and the fast path re-run that were here before: the tags test below shows the
+    # fast path skipping both stages on a converged host.)
+    compare_all(fleet, {host: set() for host in fleet.hosts})
 
 
 def stage_tasks(res) -> dict[str, int]:
