@@ -12,6 +12,7 @@ import os
 
 import pytest
 from cpupools.hardware import locality
+from cpupools.core.errors import TopologyError
 from cpupools.hardware.locality import CpuLocality, choose_local, nearest_nodes
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -187,3 +188,20 @@ def test_an_unreadable_row_is_unknown(make_root, text, why):
     where = CpuLocality(root)
     assert where.distance(0, 1) == 12, why
     assert (where.distance(2, 0), where.distance(0, 7)) == (None, None), why
+
+
+def test_read_text_reads_a_whole_file_says_none_for_a_missing_one_and_refuses_a_directory(tmp_path):
+    big = tmp_path / "big"
+    text = "".join(f"{i},\n" for i in range(30000))  # past one read (64 KiB) and not a page multiple
+    big.write_text(text)
+    assert locality.read_text(str(big)) == text
+    page = tmp_path / "page"
+    page.write_bytes(b"7" * 4096)  # exactly a page, as a full sysfs attribute reads: the next read ends it
+    assert locality.read_text(str(page)) == "7" * 4096
+    crlf = tmp_path / "crlf"
+    crlf.write_bytes(b"0-3\r\n4\r")
+    assert locality.read_text(str(crlf)) == "0-3\n4\n"
+    assert locality.read_text(str(tmp_path / "missing")) is None
+    assert locality.read_text(str(big / "below-a-file")) is None
+    with pytest.raises(TopologyError, match=r"cannot read .*: Is a directory"):
+        locality.read_text(str(tmp_path))

@@ -42,15 +42,28 @@ NODE_DIR = "sys/devices/system/node"
 
 def read_text(path: str) -> str | None:
     """The text of ``path``; ``None`` when it does not exist."""
+    # os.open and os.read, not open(): the facts read ~10,000 of these on a 1,024-CPU node, and a
+    # buffered file object cost a third of each.
     try:
-        with open(path, "rb") as handle:
-            data = handle.read()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as exc:
         raise TopologyError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        data = os.read(fd, 65536)
+        while data and len(data) % 4096 == 0:  # a sysfs attribute comes in one read; anything else to its end
+            more = os.read(fd, 65536)
+            if not more:
+                break
+            data += more
+    except OSError as exc:
+        raise TopologyError(f"cannot read {path}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
     # What a text file in ASCII reads, newlines included; opening one imports the codec (0.2 ms of isolate).
-    return data.decode("ascii", "replace").replace("\r\n", "\n").replace("\r", "\n")
+    text = data.decode("ascii", "replace")
+    return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
 
 
 def _listdir(path: str) -> list[str]:
@@ -115,20 +128,20 @@ def read_l3(root: str, cpu: int) -> tuple[str | None, str | None]:
     ``index3`` is the L3 on every current kernel and is tried first; the other
     ``index*`` directories are searched only when it is not.
     """
-    cache = os.path.join(root, CPU_DIR, f"cpu{cpu}", "cache")
+    cache = f"{root.rstrip('/')}/{CPU_DIR}/cpu{cpu}/cache"  # f-strings: read for every CPU of the node
     names = ["index3"]
-    level = read_text(os.path.join(cache, "index3", "level"))
+    level = read_text(f"{cache}/index3/level")
     if level is None or level.strip() != "3":
         names = sorted(n for n in _listdir(cache) if n.startswith("index") and n != "index3")
     for name in names:
-        path = os.path.join(cache, name)
+        path = f"{cache}/{name}"
         if name != "index3":
-            level = read_text(os.path.join(path, "level"))
+            level = read_text(f"{path}/level")
         if level is None or level.strip() != "3":
             continue
-        if name != "index3" and (read_text(os.path.join(path, "type")) or "").strip() == "Instruction":
+        if name != "index3" and (read_text(f"{path}/type") or "").strip() == "Instruction":
             continue
-        return read_text(os.path.join(path, "shared_cpu_list")), read_text(os.path.join(path, "id"))
+        return read_text(f"{path}/shared_cpu_list"), read_text(f"{path}/id")
     return None, None
 
 
@@ -141,15 +154,14 @@ def read_l2(root: str, cpu: int) -> tuple[str | None, str | None]:
     x86 the kernel's cluster *is* the set of CPUs sharing an L2 (an E-core
     module of four cores).
     """
-    cache = os.path.join(root, CPU_DIR, f"cpu{cpu}", "cache", "index2")
-    level = read_text(os.path.join(cache, "level"))
+    here = f"{root.rstrip('/')}/{CPU_DIR}/cpu{cpu}"
+    level = read_text(f"{here}/cache/index2/level")
     if level is not None and level.strip() == "2":
-        return read_text(os.path.join(cache, "shared_cpu_list")), read_text(os.path.join(cache, "id"))
-    topo = os.path.join(root, CPU_DIR, f"cpu{cpu}", "topology")
-    shared = read_text(os.path.join(topo, "cluster_cpus_list"))
+        return read_text(f"{here}/cache/index2/shared_cpu_list"), read_text(f"{here}/cache/index2/id")
+    shared = read_text(f"{here}/topology/cluster_cpus_list")
     if shared is None:
         return None, None
-    ident = read_text(os.path.join(topo, "cluster_id"))
+    ident = read_text(f"{here}/topology/cluster_id")
     # cluster_id is -1 where firmware gives no cluster (and the list is then the CPU alone).
     return shared, None if ident is None or ident.strip().startswith("-") else ident
 

@@ -666,6 +666,8 @@ INTERNAL = frozenset(
         "agent_housekeep_unit",
         "agent_housekeep_program_dest",
         "agent_housekeep_conf_dest",
+        "agent_housekeep_program_path",
+        "agent_housekeep_conf_path",
         "agent_housekeep_files",
         "agent_housekeep_units",
         "agent_housekeep_predicted",
