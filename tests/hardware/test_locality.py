@@ -11,8 +11,8 @@ import itertools
 import os
 
 import pytest
-from cpupools.hardware import locality
 from cpupools.core.errors import TopologyError
+from cpupools.hardware import locality
 from cpupools.hardware.locality import CpuLocality, choose_local, nearest_nodes
 from hypothesis import given, settings
 from hypothesis import strategies as st
