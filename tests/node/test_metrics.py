@@ -199,6 +199,13 @@ def test_verify_metrics_say_what_verify_found():
     assert value(fams, "cpupools_cpu_latency_p999_microseconds", cpu="0", role="housekeeping") == 21
     measured = {dict(k)["cpu"] for k in fams["cpupools_cpu_latency_max_microseconds"]["samples"]}
     assert measured == {"0", "2", "3", "4", "5"}  # CPUs 6-7 were not measured: no series, not 0
+    # Power and frequency as verify read them back, where a CPU has them (CPUs without: no series).
+    assert value(fams, "cpupools_cpu_scaling_max_khz", cpu="2", role="exclusive") == 3000000
+    assert value(fams, "cpupools_cpu_scaling_min_khz", cpu="0", role="housekeeping") == 800000
+    assert {dict(k)["cpu"] for k in fams["cpupools_cpu_scaling_max_khz"]["samples"]} == {"0", "2"}
+    info = "cpupools_cpu_power_info"
+    assert value(fams, info, cpu="2", role="exclusive", governor="performance", deepest_cstate="C1") == 1
+    assert value(fams, info, cpu="0", role="housekeeping", governor="powersave", deepest_cstate="C6") == 1
     assert all(f["type"] == "gauge" for f in fams.values())
     assert metrics.render_verify(noisy()) == text  # deterministic
 

@@ -85,6 +85,10 @@ def test_the_page_shows_what_verify_found_per_cpu(fleet):
     assert order == sorted(order)
     assert "pid 812 (sshd)" in page.titles["node-1"][4] and "not quiet" in page.titles["node-1"][4]
     assert "max latency 180 µs, p99 40 µs" in page.titles["node-1"][5]
+    # power and frequency as verify read them back (cpupools_power): in the CPU's hover text
+    assert page.titles["node-1"][2].endswith("; performance, 3 GHz fixed, deepest C-state C1"), page.titles["node-1"][2]
+    assert "powersave, 0.8-3.5 GHz, deepest C-state C6" in page.titles["node-1"][0]
+    assert "GHz" not in page.titles["node-1"][4]  # no power read on CPU 4: nothing said
 
 
 def test_measured_cpus_are_coloured_by_max_latency_and_the_rest_stay_as_they_were(fleet):
@@ -133,6 +137,8 @@ def test_the_text_report_lists_the_findings_and_the_figures(fleet):
     assert "                  CPU 5 (exclusive): latency fail\n" in text
     assert "                  CPU 6 (shared): IRQ 25 virtio0-input.0\n" in text
     assert re.search(r"\n {18}5 +exclusive +180 +40 +150 +over threshold\n", text), text
+    assert "  power           CPU 0 (housekeeping): powersave, 0.8-3.5 GHz, deepest C-state C6\n" in text
+    assert "                  CPU 2 (exclusive): performance, 3 GHz fixed, deepest C-state C1\n" in text
     assert "  verify          never verified\n" in text
     assert "1 failed verify (node-1)" in text.splitlines()[-1]
 

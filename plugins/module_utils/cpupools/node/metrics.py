@@ -236,6 +236,20 @@ def render_verify(result: Mapping) -> str:
         )
         for key, words in (("max", "Maximum"), ("p99", "99th percentile"), ("p999", "99.9th percentile"))
     }
+    # Power and frequency as verify read them back (cpupools_power, docs/power.md): where a CPU has cpufreq.
+    scaling = {
+        key: Family(
+            f"cpupools_cpu_scaling_{key}_khz",
+            "gauge",
+            f"The CPU's cpufreq scaling_{key}_freq at the last verify, in kHz.",
+        )
+        for key in ("min", "max")
+    }
+    power_info = Family(
+        "cpupools_cpu_power_info",
+        "gauge",
+        "1 per CPU, labelled with its cpufreq governor and the deepest C-state it may enter, at the last verify.",
+    )
     per_cpu = result.get("per_cpu") or {}
     for cpu in _cpu_order(per_cpu):
         row = per_cpu[cpu] if isinstance(per_cpu[cpu], Mapping) else {}
@@ -246,7 +260,16 @@ def render_verify(result: Mapping) -> str:
             value = _figure(latency.get(f"{key}_us"))
             if value is not None:
                 family.add(value, cpu=cpu, role=role)
-    return render((ok, stamp, pending, findings, quiet, *figures.values()))
+        power = row.get("power") if isinstance(row.get("power"), Mapping) else {}
+        for key, family in scaling.items():
+            value = _figure(power.get(f"scaling_{key}_khz"))
+            if value is not None:
+                family.add(value, cpu=cpu, role=role)
+        if power:
+            power_info.add(
+                1, cpu=cpu, role=role, governor=power.get("governor") or "", deepest_cstate=power.get("deepest") or ""
+            )
+    return render((ok, stamp, pending, findings, quiet, *figures.values(), *scaling.values(), power_info))
 
 
 # writing ------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ..core.cpulist import parse_cpulist
+from ..core.cpulist import format_cpulist, parse_cpulist
 from ..core.errors import CpupoolsError, ReportError
 
 #: The measured max latency (µs) a CPU is coloured by: (upper bound or None, background, text, label).
@@ -55,6 +55,7 @@ class CpuRow:
     p999_us: float | None = None
     over: bool = False  # over one of the operator's thresholds
     bucket: int | None = None
+    power: str = ""  # governor, frequency range and deepest C-state as verify read them ("" without them)
 
     @property
     def why(self) -> str:
@@ -72,6 +73,8 @@ class CpuRow:
         parts = ["quiet" if self.quiet else f"not quiet: {self.why}"]
         if self.max_us is not None:
             parts.append(f"max latency {_us(self.max_us)} µs, p99 {_us(self.p99_us)} µs")
+        if self.power:
+            parts.append(self.power)
         return "; ".join(parts)
 
 
@@ -152,6 +155,25 @@ def _nice(top: float) -> int:
 #: What a verify result says of when and for how long it looked, not of what it found: ``taken``, and
 #: the seconds between its two samples of /proc/interrupts.
 RUN_TIMES = (("taken",), ("interrupts", "seconds"))
+
+
+def _ghz(khz: object) -> str | None:
+    return f"{khz / 1e6:.2f}".rstrip("0").rstrip(".") if isinstance(khz, int) and not isinstance(khz, bool) else None
+
+
+def power_words(power: object) -> str:
+    """A CPU's power settings as verify read them back (its ``per_cpu`` row's ``power``), in words."""
+    if not isinstance(power, Mapping):
+        return ""
+    parts = []
+    low, high = _ghz(power.get("scaling_min_khz")), _ghz(power.get("scaling_max_khz"))
+    if power.get("governor"):
+        parts.append(str(power["governor"]))
+    if low and high:
+        parts.append(f"{high} GHz fixed" if low == high else f"{low}-{high} GHz")
+    if power.get("deepest"):
+        parts.append(f"deepest C-state {power['deepest']}")
+    return ", ".join(parts)
 
 
 def _found(result: Mapping) -> str:
@@ -243,6 +265,7 @@ def analyse(result: object) -> VerifyView | None:
             max_us=_number(lat.get("max_us"), f"per_cpu {key} latency max_us"),
             p99_us=_number(lat.get("p99_us"), f"per_cpu {key} latency p99_us"),
             p999_us=_number(lat.get("p999_us"), f"per_cpu {key} latency p999_us"),
+            power=power_words(raw.get("power")),
         )
         if row.max_us is not None:
             row.bucket = bucket(row.max_us)
@@ -329,6 +352,12 @@ def lines(view: VerifyView | None, label) -> list[str]:
     elif view.rows:
         out.append(label("not quiet") + "none")
     out.append(label("latency") + view.latency)
+    settings: dict[tuple[str, str], list[int]] = {}  # (role, power words) -> its CPUs
+    for r in view.rows:
+        if r.power:
+            settings.setdefault((r.role, r.power), []).append(r.cpu)
+    for i, ((role, words), cpus) in enumerate(sorted(settings.items(), key=lambda item: item[1])):
+        out.append(label("power" if i == 0 else "") + f"CPU {format_cpulist(cpus)} ({role}): {words}")
     measured = [r for r in view.rows if r.max_us is not None]
     if measured:
         table = [("cpu", "role", "max µs", "p99 µs", "p99.9 µs", "")]
