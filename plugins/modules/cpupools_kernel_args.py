@@ -176,11 +176,16 @@ reboot_required:
   type: bool
   returned: always
 pending:
-  description: Exactly the owned arguments that differ between the boot configuration and the running kernel.
+  description:
+    - Exactly the owned arguments that differ between the boot configuration and the running kernel.
+    - C(now) says what of the change the running kernel could take without the reboot, or null; only the
+      scheduler-domain isolation of C(isolcpus), on a kernel with isolated cpuset partitions
+      (C(/sys/fs/cgroup/cpuset.cpus.isolated): Linux 6.7 and later on cgroup v2). cpupools does not apply it
+      (docs/kernel-args.md, "Isolated cpuset partitions").
   type: list
   elements: dict
   returned: always
-  sample: [{"arg": "isolcpus", "configured": "managed_irq,domain,1-5", "running": null}]
+  sample: [{"arg": "isolcpus", "configured": "managed_irq,domain,1-5", "running": null, "now": null}]
 not_applied:
   description: >-
     Owned arguments on the running command line that the kernel does not apply, according to

@@ -337,7 +337,7 @@ def test_kernel_arguments_are_derived_with_the_others_in_order(tmp_path):
     # A running kernel booted with them has nothing pending; another count is pending.
     assert kargs.pending_args(args, "ro " + line)[0] == []
     pending = kargs.pending_args({**args, "hugepages": "8"}, "ro " + line)[0]
-    assert pending == [{"arg": "hugepages", "configured": "8", "running": "4"}]
+    assert pending == [{"arg": "hugepages", "configured": "8", "running": "4", "now": None}]
     # No hugepage asked: no hugepage argument, so none of the operator's is touched.
     plain, _ = kargs.derive_kernel_args(plan_with("2M:64:0", tmp_path / "b"), kargs.KargsOptions())
     assert not set(plain) & set(kargs.HUGEPAGE_ARGS)

@@ -142,9 +142,32 @@ def test_pending_compares_meaning_and_reads_sysfs():
     pending, warnings = kargs.pending_args(
         configured, "isolcpus=domain,managed_irq,1-5 nohz_full=1,2,3 rcu_nocbs=7", "1-5", "1-3"
     )
-    assert pending == [{"arg": "rcu_nocbs", "configured": None, "running": "7"}]
+    assert pending == [{"arg": "rcu_nocbs", "configured": None, "running": "7", "now": None}]
     _, warnings = kargs.pending_args(configured, "isolcpus=managed_irq,domain,1-5 nohz_full=1-3", "", "(null)")
     assert len(warnings) == 2 and "did not apply" in warnings[0]
+
+
+def test_pending_says_what_a_kernel_with_isolated_partitions_could_take_now():
+    configured = {"isolcpus": "managed_irq,domain,2-3,6-7", "nohz_full": "2-3,6-7", "rcu_nocbs": "2-3,6-7"}
+    running = "root=/dev/vda1 isolcpus=managed_irq,domain,2-3 nohz_full=2-3 rcu_nocbs=2-3"
+    # Without cpuset.cpus.isolated (before Linux 6.7, cgroup v1): everything waits for the reboot.
+    pending, _ = kargs.pending_args(configured, running, "2-3", "2-3")
+    assert [(p["arg"], p["now"]) for p in pending] == [("isolcpus", None), ("nohz_full", None), ("rcu_nocbs", None)]
+    # With them (the file's text, empty while no partition is made): only isolcpus's domain half could apply now.
+    pending, _ = kargs.pending_args(configured, running, "2-3", "2-3", partitions="\n")
+    now = {p["arg"]: p["now"] for p in pending}
+    assert now["nohz_full"] is None and now["rcu_nocbs"] is None
+    assert now["isolcpus"].startswith("the scheduler-domain isolation of CPUs 2-3,6-7 (load balancing"), now
+    # Only a flag changed (managed_irq is the IRQ subsystem's, at boot): nothing could apply now.
+    pending, _ = kargs.pending_args(
+        {"isolcpus": "managed_irq,domain,2-3"}, "isolcpus=domain,2-3", "2-3", "", partitions=""
+    )
+    assert [(p["arg"], p["now"]) for p in pending] == [("isolcpus", None)]
+    # isolcpus without domain (nohz,managed_irq only) takes nothing out of the scheduler domains: the same.
+    assert kargs.runtime_part({"arg": "isolcpus", "configured": "nohz,2-3", "running": None}, "") is None
+    # No flag means domain; dropping the isolation is a change too.
+    said = kargs.runtime_part({"arg": "isolcpus", "configured": None, "running": "2-3"}, "")
+    assert said.startswith("the scheduler-domain isolation of CPUs (none)"), said
 
 
 def test_edit_cmdline_keeps_every_other_byte():

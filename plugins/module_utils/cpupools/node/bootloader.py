@@ -645,7 +645,9 @@ def converge(host: Host, params: Mapping) -> dict:
             raise
 
     pending, _ = kargs.pending_args(
-        {k: (v[-1] if v else None) for k, v in kargs.owned_values(result["after_line"]).items()}, ctx["running"]
+        {k: (v[-1] if v else None) for k, v in kargs.owned_values(result["after_line"]).items()},
+        ctx["running"],
+        partitions=host.read_running(kargs.PARTITIONS_FILE),
     )
     not_applied = kargs.unapplied_args(
         ctx["running"],

@@ -628,6 +628,8 @@ def kernel_exports(kernel: Mapping) -> dict:
         "cpupools_kernel_status": {
             "reboot_required": kernel["reboot_required"],
             "pending": [item["arg"] for item in kernel["pending"]],
+            # what of them the running kernel could take without the reboot (kargs.runtime_part)
+            "pending_now": {item["arg"]: item["now"] for item in kernel["pending"] if item.get("now")},
             "not_applied": [item["arg"] for item in kernel["not_applied"]],
             "desired_cmdline_args": kernel.get("args") or {},
             # what the kernel stage warns about (the report shows them; the stage does not repeat them)

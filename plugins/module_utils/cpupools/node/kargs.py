@@ -448,6 +448,7 @@ def pending_args(
     running_cmdline: str,
     isolated: str | None = None,
     nohz_full: str | None = None,
+    partitions: str | None = None,
 ) -> tuple[list[dict], list[str]]:
     """Owned arguments whose boot-loader value differs from the running kernel's.
 
@@ -456,6 +457,8 @@ def pending_args(
     ``isolcpus=domain,1,2,3``). Returns ``(pending, warnings)``; the warnings
     are the messages of ``unapplied_args`` (arguments the running kernel has
     on its command line but does not apply; a reboot does not fix those).
+    Each pending item's ``now`` is ``runtime_part``'s answer (``partitions``:
+    the running kernel's ``cpuset.cpus.isolated`` text, None without it).
     """
     running = owned_values(running_cmdline)
     pending = []
@@ -463,8 +466,51 @@ def pending_args(
         want = configured.get(key)
         have = _merged(key, running.get(key, []))
         if _normal(key, want) != _normal(key, have):
-            pending.append({"arg": key, "configured": want, "running": have})
+            item = {"arg": key, "configured": want, "running": have}
+            item["now"] = runtime_part(item, partitions)
+            pending.append(item)
     return pending, [u["message"] for u in unapplied_args(running_cmdline, isolated, nohz_full)]
+
+
+#: Where the running kernel says which CPUs its isolated cpuset partitions hold (cgroup v2, Linux 6.7+).
+PARTITIONS_FILE = "sys/fs/cgroup/cpuset.cpus.isolated"
+
+
+def _domain_cpus(value: str | None) -> frozenset[int]:
+    """The CPUs an ``isolcpus=`` value takes out of the scheduler domains (no flag means ``domain``)."""
+    if value is None:
+        return frozenset()
+    try:
+        flags, cpus = parse_value("isolcpus", value)
+    except KernelArgsError:
+        return frozenset()
+    return frozenset(cpus) if not flags or "domain" in flags else frozenset()
+
+
+def runtime_part(item: Mapping, partitions: str | None) -> str | None:
+    """What of one pending argument's change the running kernel could take now, without the reboot.
+
+    Only the scheduler-domain half of ``isolcpus``, and only on a kernel with
+    isolated cpuset partitions (``partitions``: the text of
+    ``/sys/fs/cgroup/cpuset.cpus.isolated``; None where the kernel or its
+    cgroup setup has none: before Linux 6.7, cgroup v1): a partition takes
+    its CPUs out of the scheduler's load balancing and the unbound
+    workqueues' mask, and every other cgroup's tasks off them, at once.
+    ``nohz_full``, ``rcu_nocbs``, ``irqaffinity``, ``isolcpus``'s
+    ``managed_irq`` and the boot hugepages act only from the command line.
+    cpupools itself does not make partitions (docs/kernel-args.md,
+    "Isolated cpuset partitions", says why); this says what a kernel could do.
+    """
+    if item.get("arg") != "isolcpus" or partitions is None:
+        return None
+    want, have = _domain_cpus(item.get("configured")), _domain_cpus(item.get("running"))
+    if want == have:
+        return None  # only the flags differ (managed_irq, nohz): the reboot's
+    return (
+        f"the scheduler-domain isolation of CPUs {format_cpulist(sorted(want)) or '(none)'} (load balancing, "
+        "the unbound workqueues, every other cgroup's tasks) through an isolated cpuset partition, which "
+        "this kernel has"
+    )
 
 
 # Command line editing (/etc/kernel/cmdline, projections) --------------------------
