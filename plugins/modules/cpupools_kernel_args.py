@@ -180,7 +180,7 @@ pending:
     - Exactly the owned arguments that differ between the boot configuration and the running kernel.
     - C(now) says what of the change the running kernel could take without the reboot, or null; only the
       scheduler-domain isolation of C(isolcpus), on a kernel with isolated cpuset partitions
-      (C(/sys/fs/cgroup/cpuset.cpus.isolated): Linux 6.7 and later on cgroup v2). cpupools does not apply it
+      (C(/sys/fs/cgroup/cpuset.cpus.isolated), Linux 6.7 and later on cgroup v2). cpupools does not apply it
       (docs/kernel-args.md, "Isolated cpuset partitions").
   type: list
   elements: dict
