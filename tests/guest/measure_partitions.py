@@ -25,7 +25,7 @@ compare the two ways with each other; the counts are the kernel's.
 
     .venv/bin/python tests/guest/measure_partitions.py [--oslat] > partitions.json
 
-Its figures are in docs/isolation.md, "Isolated cpuset partitions".
+What it found is in docs/kernel-args.md, "Isolated cpuset partitions".
 """
 
 from __future__ import annotations
