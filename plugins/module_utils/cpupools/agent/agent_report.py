@@ -53,7 +53,7 @@ def _reconcile_pass(
     The state is scanned without the lock; only the lists with something to
     remove are then re-read and written under the lock, a few at a time
     (``BATCH_SECONDS``), so isolates never wait long however big the state.
-    Their new ``tasks`` files are written and flushed before the lock is
+    Their new ``tasks`` files are written (and flushed, unless empty) before the lock is
     taken (``st.PreparedTasks``): under it, a list costs a read and a rename,
     so a busy disk does not stretch the hold.
     Under the lock a PID is removed only if it is still recorded with the
@@ -147,7 +147,7 @@ def _reconcile_pass(
         reclaim_plain(cl, dead)
 
     # Lists whose only change is dropping dead PIDs get their new tasks file
-    # written and flushed before the lock is taken (st.PreparedTasks); under
+    # written (and flushed, unless empty) before the lock is taken (st.PreparedTasks); under
     # the lock each costs one read and one rename. Damaged lists and lists
     # with crash leftovers are rewritten under the lock as before.
     queue = collections.deque(work)

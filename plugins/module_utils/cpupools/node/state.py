@@ -1011,7 +1011,7 @@ def write_tasks(cpulist: CpuList, tasks: list[int], starts: dict[int, int]) -> N
 
 
 class PreparedTasks:
-    """A replacement ``tasks`` file of one cpulist, written and flushed before the lock is taken.
+    """A replacement ``tasks`` file of one cpulist, written (and flushed, unless empty) before the lock is taken.
 
     ``cmk reconcile`` prepares these for many lists outside the lock, so that
     under the lock only a read and a rename remain per list (``commit``): the
