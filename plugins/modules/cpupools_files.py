@@ -168,7 +168,7 @@ def kind_of(path):
     """What is at ``path``, not following a last symbolic link: ``directory``, ``file``, or None."""
     try:
         info = os.lstat(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # nothing there, or a file where a directory would be
         return None
     return "directory" if stat.S_ISDIR(info.st_mode) else "file"
 

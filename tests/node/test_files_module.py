@@ -64,7 +64,7 @@ def test_remove_takes_files_links_and_trees_once_and_check_mode_says_it_first(tm
     kept = tmp_path / "kept"  # outside the root: a link to it goes, what it points to stays
     kept.write_text("mine\n")
     (root / "opt/bin/cmk").symlink_to(kept)
-    gone = ["/etc/cpupools", "/opt/bin/cmk", "/opt/bin/cmk.pyz", "/etc/systemd/system/cpupools-reconcile.timer"]
+    gone = ["/etc/cpupools", "/opt/bin/cmk", "/opt/bin/cmk.pyz", "/opt/bin/cmk.pyz/below-a-file"]
     args = {"root": str(root), "files": [CONF], "remove": gone[1:]}
     checked = run_module("cpupools_files", {**args, "_ansible_check_mode": True, "_ansible_diff": True}, tmp_path)
     assert checked["changed"]
