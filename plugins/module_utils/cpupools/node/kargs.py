@@ -398,6 +398,17 @@ def _merged(key: str, values: Sequence[str | None]) -> str | None:
     return format_isolcpus(flags, cpus)
 
 
+def _domain_cpus(value: str | None) -> frozenset[int]:
+    """The CPUs an ``isolcpus=`` value takes out of the scheduler domains (no flag means ``domain``)."""
+    if value is None:
+        return frozenset()
+    try:
+        flags, cpus = parse_value("isolcpus", value)
+    except KernelArgsError:
+        return frozenset()
+    return frozenset(cpus) if not flags or "domain" in flags else frozenset()
+
+
 def unapplied_args(running_cmdline: str, isolated: str | None = None, nohz_full: str | None = None) -> list[dict]:
     """Owned arguments on the running command line that the kernel does not apply.
 
@@ -411,8 +422,7 @@ def unapplied_args(running_cmdline: str, isolated: str | None = None, nohz_full:
     out: list[dict] = []
     iso_value = _merged("isolcpus", running.get("isolcpus", []))
     if isolated is not None and iso_value is not None and _normal("isolcpus", iso_value) != ("unparsable", iso_value):
-        flags, cpus = parse_value("isolcpus", iso_value)
-        expect = set(cpus) if ("domain" in flags or not flags) else set()
+        expect = set(_domain_cpus(iso_value))
         active = set(parse_cpulist(isolated.strip(), "/sys/devices/system/cpu/isolated"))
         if active != expect:
             out.append(
@@ -474,17 +484,6 @@ def pending_args(
 
 #: Where the running kernel says which CPUs its isolated cpuset partitions hold (cgroup v2, Linux 6.7+).
 PARTITIONS_FILE = "sys/fs/cgroup/cpuset.cpus.isolated"
-
-
-def _domain_cpus(value: str | None) -> frozenset[int]:
-    """The CPUs an ``isolcpus=`` value takes out of the scheduler domains (no flag means ``domain``)."""
-    if value is None:
-        return frozenset()
-    try:
-        flags, cpus = parse_value("isolcpus", value)
-    except KernelArgsError:
-        return frozenset()
-    return frozenset(cpus) if not flags or "domain" in flags else frozenset()
 
 
 def runtime_part(item: Mapping, partitions: str | None) -> str | None:

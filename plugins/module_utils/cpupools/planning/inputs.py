@@ -665,7 +665,6 @@ INTERNAL = frozenset(
         "agent_state_warned",
         "agent_housekeep_unit",
         "agent_housekeep_program_dest",
-        "agent_housekeep_conf_dest",
         "agent_housekeep_program_path",
         "agent_housekeep_conf_path",
         "agent_housekeep_files",
