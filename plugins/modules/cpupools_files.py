@@ -16,8 +16,13 @@ description:
     where a C(copy) loop runs one or two per file.
   - Removes each path of O(remove) that is there (a file, a symbolic link, or a
     directory with all it holds), in the same run, where a C(file) loop runs one per path.
+  - A file's bytes can come from a file on the controller (O(files[].src), a
+    built program such as the cmk zipapp), read by the module's action plugin
+    and sent with the module's arguments, where a C(copy) runs two modules and
+    a C(file) task a third for its directory.
   - Supports check mode (says which files would change, writes nothing) and
-    diff mode (each changed file's text before and after).
+    diff mode (each changed file's text before and after; for bytes that are
+    not text, their size and SHA-256).
 version_added: "1.1.0"
 options:
   root:
@@ -35,9 +40,19 @@ options:
         type: str
         required: true
       content:
-        description: Its whole text.
+        description: Its whole text. One of O(files[].content), O(files[].content_base64) and O(files[].src).
         type: str
-        required: true
+      content_base64:
+        description: Its bytes, base64-encoded (what the action plugin sends for O(files[].src)).
+        type: str
+        version_added: "1.1.0"
+      src:
+        description:
+          - A file on the controller whose bytes are the file's content, read by the action plugin
+            (call the module as C(cpupools.cpupools.cpupools_files)), which sends them as
+            O(files[].content_base64).
+        type: path
+        version_added: "1.1.0"
       mode:
         description: Its mode, octal.
         type: str
@@ -77,6 +92,12 @@ EXAMPLES = r"""
       - "{{ cpupools_plan_result.files.housekeep }}"
       - "{{ cpupools_plan_result.files.housekeep_service }}"
 
+- name: Install cmk's zipapp, built on the controller
+  cpupools.cpupools.cpupools_files:
+    root: "{{ cpupools_root }}"
+    files:
+      - {path: /opt/bin/cmk.pyz, src: build/agent/cmk.pyz, mode: "0755"}
+
 - name: Remove cmk's launcher, its zipapp and its reconcile units
   cpupools.cpupools.cpupools_files:
     root: "{{ cpupools_root }}"
@@ -96,6 +117,9 @@ files:
     - {"path": "/opt/bin/cmk", "changed": "removed"}
 """
 
+import base64
+import binascii
+import hashlib
 import os
 import shutil
 import stat
@@ -112,7 +136,9 @@ ARGUMENT_SPEC = {
         "default": [],
         "options": {
             "path": {"type": "str", "required": True},
-            "content": {"type": "str", "required": True},
+            "content": {"type": "str"},
+            "content_base64": {"type": "str"},
+            "src": {"type": "path"},
             "mode": {"type": "str", "default": "0644"},
             "stage": {"type": "str"},
             "wanted": {"type": "bool", "default": True},
@@ -123,21 +149,47 @@ ARGUMENT_SPEC = {
 
 
 def difference(path, content, mode):
-    """Why ``path`` is not as wanted (``missing``, ``content``, ``mode``, ``owner``), and its old text."""
+    """Why ``path`` is not as wanted (``missing``, ``content``, ``mode``, ``owner``), and its old bytes."""
     try:
         with open(path, "rb") as handle:
             old = handle.read()
         info = os.stat(path)
     except FileNotFoundError:
-        return "missing", ""
-    text = old.decode("utf-8", "replace")
-    if old != content.encode("utf-8"):
-        return "content", text
+        return "missing", b""
+    if old != content:
+        return "content", old
     if info.st_mode & 0o7777 != mode:
-        return "mode", text
+        return "mode", old
     if os.geteuid() == 0 and (info.st_uid, info.st_gid) != (0, 0):
-        return "owner", text
-    return None, text
+        return "owner", old
+    return None, old
+
+
+def shown(data):
+    """``data`` for a diff: its text, or for bytes that are not text their size and digest."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return f"({len(data)} bytes, sha256 {hashlib.sha256(data).hexdigest()})\n"
+    return text if "\0" not in text else f"({len(data)} bytes, sha256 {hashlib.sha256(data).hexdigest()})\n"
+
+
+def content_of(wanted):
+    """The bytes ``wanted`` gives (its text, or its base64), or the reason it gives none or two."""
+    given = [key for key in ("content", "content_base64", "src") if wanted[key] is not None]
+    if given == ["src"]:
+        return None, (
+            "src is read on the controller by the action plugin, which this run did not use: "
+            "call the module as cpupools.cpupools.cpupools_files"
+        )
+    if len(given) != 1:
+        return None, f"give one of content, content_base64 and src (given: {', '.join(given) or 'none'})"
+    if given == ["content"]:
+        return wanted["content"].encode("utf-8"), None
+    try:
+        return base64.b64decode(wanted["content_base64"], validate=True), None
+    except (binascii.Error, ValueError):
+        return None, "content_base64 is not base64"
 
 
 def make_parents(directory):
@@ -153,15 +205,21 @@ def make_parents(directory):
             os.chown(path, 0, 0)
 
 
-def removable(path):
-    """Why the node path ``path`` may not be removed, or None."""
+def writable(path):
+    """Why the node path ``path`` may not be written or removed, or None."""
     if not path.startswith("/"):
         return f"{path!r} is not an absolute path"
     if ".." in path.split("/"):
         return f"{path!r} climbs out with '..'"
-    if not path.strip("/"):
-        return "the node's root is never removed"
     return None
+
+
+def removable(path):
+    """Why the node path ``path`` may not be removed, or None."""
+    why = writable(path)
+    if not why and not path.strip("/"):
+        return "the node's root is never removed"
+    return why
 
 
 def kind_of(path):
@@ -188,22 +246,31 @@ def main():
         why = removable(path)
         if why:
             module.fail_json(msg=f"cpupools_files: remove: {why}")
+    contents = []
+    for wanted in module.params["files"]:  # all refused before anything is written
+        refused = writable(wanted["path"])
+        if refused:
+            module.fail_json(msg=f"cpupools_files: {refused}")
+        why = None if wanted["wanted"] else "the plan does not want this file written"
+        if not why:
+            try:
+                int(wanted["mode"], 8)
+            except ValueError:
+                why = f"mode {wanted['mode']!r} is not octal"
+        if not why:
+            content, why = content_of(wanted)
+            contents.append((wanted, content))
+        if why:
+            module.fail_json(msg=f"cpupools_files: {wanted['path']}: {why}")
     results, diffs = [], []
-    for wanted in module.params["files"]:
-        if not wanted["wanted"]:
-            module.fail_json(msg=f"cpupools_files: {wanted['path']}: the plan does not want this file written")
-        if not wanted["path"].startswith("/"):
-            module.fail_json(msg=f"cpupools_files: {wanted['path']!r} is not an absolute path")
-        try:
-            mode = int(wanted["mode"], 8)
-        except ValueError:
-            module.fail_json(msg=f"cpupools_files: {wanted['path']}: mode {wanted['mode']!r} is not octal")
+    for wanted, content in contents:
+        mode = int(wanted["mode"], 8)
         path = under(root, wanted["path"])
         try:
-            why, before = difference(path, wanted["content"], mode)
+            why, before = difference(path, content, mode)
             if why and not module.check_mode:
                 make_parents(os.path.dirname(path))
-                atomic_write(path, wanted["content"], mode=mode, gid=0 if os.geteuid() == 0 else None)
+                atomic_write(path, content, mode=mode, gid=0 if os.geteuid() == 0 else None)
                 if os.geteuid() == 0:
                     os.chown(path, 0, 0)
         except OSError as exc:
@@ -214,8 +281,8 @@ def main():
                 {
                     "before_header": wanted["path"],
                     "after_header": wanted["path"],
-                    "before": before,
-                    "after": wanted["content"],
+                    "before": shown(before),
+                    "after": shown(content),
                 }
             )
     for wanted_gone in module.params["remove"]:

@@ -98,3 +98,60 @@ def test_a_removal_the_plan_cannot_mean_is_refused_before_anything_is_written(tm
         assert res["failed"] and said in res["msg"], (path, res)
         assert os.listdir(root) == [], path  # the file to write was not written either
     assert (tmp_path / "outside").read_text() == "x\n"
+
+
+#: Bytes that are not text (a zipapp's): a NUL, an invalid UTF-8 sequence.
+PROGRAM = b"#!/bin/sh\nPK\x03\x04\x00\xff\xfe binary\n"
+
+
+def test_bytes_are_written_as_they_are_and_the_diff_names_their_size_and_digest(tmp_path):
+    import base64
+    import hashlib
+
+    root = tmp_path / "node"
+    root.mkdir()
+    program = {"path": "/opt/bin/cmk.pyz", "content_base64": base64.b64encode(PROGRAM).decode(), "mode": "0755"}
+    args = {"root": str(root), "files": [program]}
+    checked = run_module("cpupools_files", {**args, "_ansible_check_mode": True, "_ansible_diff": True}, tmp_path)
+    assert checked["diff"][0]["after"] == f"({len(PROGRAM)} bytes, sha256 {hashlib.sha256(PROGRAM).hexdigest()})\n"
+    assert os.listdir(root) == []
+    assert run_module("cpupools_files", args, tmp_path)["changed"]
+    written = root / "opt/bin/cmk.pyz"
+    assert written.read_bytes() == PROGRAM and oct(written.stat().st_mode & 0o7777) == "0o755"
+    assert not run_module("cpupools_files", args, tmp_path)["changed"]
+
+
+def test_a_file_without_one_content_or_with_a_path_out_of_the_root_is_refused_before_anything_is_written(tmp_path):
+    root = tmp_path / "node"
+    root.mkdir()
+    for bad, said in (
+        ({"path": "/etc/../../outside"}, "climbs out with '..'"),
+        ({"content_base64": "aGk="}, "give one of content, content_base64 and src (given: content, content_base64)"),
+        ({"content": None}, "give one of content, content_base64 and src (given: none)"),
+        ({"content": None, "content_base64": "not base64!"}, "content_base64 is not base64"),
+        ({"content": None, "src": "/build/cmk.pyz"}, "call the module as cpupools.cpupools.cpupools_files"),
+    ):
+        res = run_module("cpupools_files", {"root": str(root), "files": [CONF, {**UNIT, **bad}]}, tmp_path)
+        assert res["failed"] and said in res["msg"], (bad, res)
+        assert os.listdir(root) == [], bad  # the good file before it was not written either
+
+
+def test_src_is_read_on_the_controller_by_the_action_plugin(playbook, tmp_path):
+    root, built = tmp_path / "node", tmp_path / "build"
+    built.mkdir()
+    (built / "cmk.pyz").write_bytes(PROGRAM)
+    task = f"""
+        - hosts: localhost
+          gather_facts: false
+          tasks:
+            - cpupools.cpupools.cpupools_files:
+                root: {root}
+                files: [{{path: /opt/bin/cmk.pyz, src: "{built}/{{{{ name }}}}", mode: "0755"}}]
+    """
+    first = playbook(task, {"name": "cmk.pyz"})
+    assert first.rc == 0 and first.changed() == 1, first.stdout[-2000:]
+    assert (root / "opt/bin/cmk.pyz").read_bytes() == PROGRAM
+    assert playbook(task, {"name": "cmk.pyz"}).changed() == 0
+    missing = playbook(task, {"name": "gone.pyz"})
+    assert missing.rc != 0
+    assert f"cpupools_files: /opt/bin/cmk.pyz: src {built}/gone.pyz: No such file or directory" in missing.messages()

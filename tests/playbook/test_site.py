@@ -105,7 +105,7 @@ def test_a_pool_state_warning_is_said_once_when_the_agent_stage_runs(playbook, t
     (sandbox / "opt/bin/cmk").unlink()  # so that the agent stage runs
     res = site(playbook, tmp_path)
     assert res.rc == 0, res.stdout[-3000:]
-    assert "cpupools_agent : Install the cmk launcher and its zipapp" in [
+    assert "cpupools_agent : Install the cmk launcher and its zipapp, and the housekeeper's program" in [
         t["task"]["name"] for t in res.tasks() if t["hosts"]["localhost"].get("changed")
     ]
     warnings = [str(w) for t in res.tasks() for r in t["hosts"].values() for w in r.get("warnings") or []]

@@ -929,13 +929,14 @@ def _file_mode(dir_fd: int) -> int:
 
 def atomic_write(
     path: str,
-    text: str,
+    text: str | bytes,
     mode: int | None = None,
     gid: int | None = None,
     fsync: bool = False,
     dir_fd: int | None = None,
 ) -> None:
-    """Replace ``path`` by a file holding ``text``: temporary file in the same directory, then rename.
+    """Replace ``path`` by a file holding ``text`` (ASCII, or bytes as they are): temporary file in the
+    same directory, then rename.
 
     Everything happens relative to a descriptor of the directory (``dir_fd``,
     or one opened here without following a symlink): the temporary file is
@@ -954,7 +955,9 @@ def atomic_write(
         fd, tmp = _new_file(dfd, name, directory)
         try:
             try:
-                os.write(fd, text.encode("ascii"))
+                data = text if isinstance(text, bytes) else text.encode("ascii")
+                while data:  # a short write (a signal, a nearly full file system) goes on where it stopped
+                    data = data[os.write(fd, data) :]
                 if gid is not None:
                     os.fchown(fd, -1, gid)
                 os.fchmod(fd, mode)
