@@ -167,13 +167,13 @@ topology_json:
   type: str
 """
 
-import grp
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.core import errors
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.hardware import topology as topo
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node import converge, hugepages
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node.nodecode import parse_build
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node.state_writer import group_id
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.planning import host_plan, inputs
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.planning import plan as planner
 
@@ -226,7 +226,7 @@ def main():
                 plan,
                 host or "",
                 run_command=module.run_command,
-                task_gid=None if not group else int(group) if group.isdigit() else grp.getgrnam(group).gr_gid,
+                task_gid=group_id(group),
                 build=build,
                 which=lambda name: module.get_bin_path(name, opt_dirs=["/usr/sbin", "/sbin"]),
                 systemctl=lambda argv: module.run_command(["systemctl", *argv])[0],

@@ -109,6 +109,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.cluster.k8s import check_node_name
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.cluster.runtimes_apply import ensure_runtime
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.core.errors import K8sError
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.core.names import RUNTIMES
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.planning.runtimes import CONFIG_RUNTIMES
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools_kube import connect_api, run_module
 
@@ -116,7 +117,7 @@ ARGUMENT_SPEC = {
     "node_name": {"type": "str", "required": True},
     "runtime": {
         "type": "str",
-        "choices": ["cmk", "kubelet", "cpu-pooler", "nri-topology-aware", "nri-balloons"],
+        "choices": list(RUNTIMES),
         "default": "cmk",
     },
     "state": {"type": "str", "choices": ["present", "absent"], "default": "present"},

@@ -190,6 +190,7 @@ actions:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.core.errors import CpupoolsError
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.core.names import RUNTIMES
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.hardware.topology import Topology
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node import kubelet
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node.bootloader import Host
@@ -197,7 +198,7 @@ from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node.bo
 ARGUMENT_SPEC = {
     "action": {"type": "str", "choices": ["configure", "apply", "verify"], "default": "configure"},
     "state": {"type": "str", "choices": ["present", "absent"], "default": "present"},
-    "runtime": {"type": "str", "choices": list(kubelet.RUNTIMES), "default": "cmk"},
+    "runtime": {"type": "str", "choices": list(RUNTIMES), "default": "cmk"},
     "plan": {"type": "dict"},
     "topology": {"type": "dict"},
     "root": {"type": "path", "default": "/"},

@@ -243,6 +243,7 @@ inputs:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.core.errors import CpupoolsError
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.core.names import RUNTIMES
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.hardware.topology import Topology
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.planning.host_plan import plan_host
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.planning.inputs import (
@@ -270,7 +271,7 @@ ARGUMENT_SPEC = {
     "runtime": {
         "type": "str",
         "default": "cmk",
-        "choices": ["cmk", "kubelet", "cpu-pooler", "nri-topology-aware", "nri-balloons"],
+        "choices": list(RUNTIMES),
     },
     "exclusive_core_type": {"type": "str", "default": "performance", "choices": ["performance", "any"]},
     "inputs": {"type": "dict"},

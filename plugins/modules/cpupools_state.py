@@ -168,14 +168,13 @@ cmk_v15:
   sample: {"configmaps": ["default/cmk-config-node7"], "live": [48624], "dead": [], "carried": [48624]}
 """
 
-import grp
 import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.core.errors import CpupoolsError
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node.cmk15 import traces_on_node
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node.state import shown
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node.state_writer import converge
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node.state_writer import converge, group_id
 
 ARGUMENT_SPEC = {
     "root": {"type": "path", "default": "/"},
@@ -194,19 +193,6 @@ ARGUMENT_SPEC = {
 }
 
 
-def _gid(module, group):
-    if group is None:
-        return None
-    if group.isdigit():
-        return int(group)
-    try:
-        return grp.getgrnam(group).gr_gid
-    except KeyError:
-        host = module.params["host"]
-        prefix = f"host {host}: " if host else ""
-        module.fail_json(msg=f"{prefix}cpupools_state_task_group: group {group!r} does not exist on the node")
-
-
 def main():
     module = AnsibleModule(
         argument_spec=ARGUMENT_SPEC,
@@ -221,7 +207,7 @@ def main():
             params["plan"],
             present=params["state"] == "present",
             force=params["force"],
-            task_gid=_gid(module, params["task_group"]),
+            task_gid=group_id(params["task_group"]),
             proc_fs=params["proc_fs"],
             lock_timeout=params["lock_timeout"],
             check_mode=module.check_mode,

@@ -445,3 +445,24 @@ def test_a_task_group_member_works_on_an_interrupted_swap_and_root_finishes_it(p
         assert out["changed"] is False
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_task_group_the_node_lacks_is_refused_by_the_variable_s_name_before_anything_is_written(tmp_path):
+    from cpupools.core.errors import StateError
+    from cpupools.node.state_writer import group_id
+    from helpers import run_module
+
+    assert (group_id(""), group_id("4711"), group_id("root")) == (None, 4711, 0)
+    with pytest.raises(StateError) as refused:
+        group_id("no-such-group")
+    assert (
+        refused.value.describe("node-1")
+        == "host node-1: cpupools_task_group: group 'no-such-group' does not exist on the node"
+    )
+    res = run_module(
+        "cpupools_state",
+        {"root": str(tmp_path / "root"), "plan": PLAN_2X, "task_group": "no-such-group", "host": "node-1"},
+        tmp_path,
+    )
+    assert res["failed"] and res["msg"] == refused.value.describe("node-1")
+    assert not (tmp_path / "root").exists()

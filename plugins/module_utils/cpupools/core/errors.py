@@ -1,4 +1,4 @@
-"""The one exception type for user errors, and how a message quotes a value."""
+"""The one exception type for user errors, and how a message quotes a value and counts."""
 
 from __future__ import annotations
 
@@ -12,6 +12,11 @@ def show(value: object, width: int = 60) -> str:
     """
     text = repr(value)
     return text if len(text) <= width else f"{text[: width - 5]}...{text[-2:]}"
+
+
+def plural(n: int, word: str) -> str:
+    """``1 core``, ``2 cores``; a count typed beyond any host is shortened as ``show`` does."""
+    return f"{show(n)} {word}" if n == 1 else f"{show(n)} {word}s"
 
 
 class CpupoolsError(ValueError):

@@ -1,4 +1,4 @@
-"""Names more than one floor speaks: CMK's pool names, verify's checks, the label on cpupools' cluster objects.
+"""Names more than one floor speaks: CMK's pool names, the runtimes, verify's checks, the label on cluster objects.
 
 CMK's pool names are its interface (CMK's intel/init.py): the state directory's
 ``pools/<name>`` folders, the ``--pool`` of ``cmk isolate``, the node's
@@ -15,6 +15,14 @@ ENI = "exclusive-non-isolcpus"
 POOL_ORDER = (EXCLUSIVE, SHARED, ENI, INFRA)
 #: Pools whose cpulists are handed out whole to one process.
 EXCLUSIVE_POOLS = (EXCLUSIVE, ENI)
+#: The runtimes that place workloads on the pools (``cpupools_runtime``): cmk's own agent, the
+#: kubelet's static CPU manager, and three that read a pool configuration cpupools renders.
+CMK = "cmk"
+KUBELET = "kubelet"
+POOLER = "cpu-pooler"
+NRI_TOPOLOGY_AWARE = "nri-topology-aware"
+NRI_BALLOONS = "nri-balloons"
+RUNTIMES = (CMK, KUBELET, POOLER, NRI_TOPOLOGY_AWARE, NRI_BALLOONS)
 #: What verify.yml checks (node/verify.py), in the order it reports them; ``cpupools_verify_fail_on``
 #: picks those that fail a node, and the metrics count findings per check.
 VERIFY_CHECKS = ("irq", "workqueue", "kthread", "rcu", "nohz", "process", "cmk", "latency", "power")

@@ -52,7 +52,6 @@ from .bootloader import Host, Runner
 from .kargs import housekeeping_outputs, resolve_isolcpus_flags
 from .nodecode import under
 
-RUNTIMES = ("cmk", "kubelet", "cpu-pooler", "nri-topology-aware", "nri-balloons")
 TOPOLOGY_POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
 TOPOLOGY_SCOPES = ("container", "pod")
 FULL_PCPUS = "full-pcpus-only"

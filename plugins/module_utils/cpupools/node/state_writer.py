@@ -32,7 +32,7 @@ import contextlib
 import os
 import shutil
 
-from ..core.errors import ResizeError, StateError
+from ..core.errors import ResizeError, StateError, show
 from . import state as st
 
 #: Test hook: ``CPUPOOLS_STATE_CRASH_AT=N`` makes the N-th step of the write
@@ -483,6 +483,23 @@ def write_meta(conf_dir: str, meta: dict, names: dict[Entry, str] | None = None)
             _remove(path)  # only reached with force: converge refuses this damage otherwise
         _step()
         st.atomic_write(path, text, st.MODE_FILE, fsync=True)
+
+
+def group_id(group: str | None) -> int | None:
+    """The gid ``cpupools_task_group`` names: digits as they are, a name looked up on this node; None for none.
+
+    A name the node does not know is a ``StateError`` about ``task_group``.
+    """
+    if not group:
+        return None
+    if group.isdigit():
+        return int(group)
+    import grp  # only where a group is named: not on cmk's way, not on every platform the unit tests run on
+
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise StateError(f"group {show(group)} does not exist on the node", "task_group") from None
 
 
 def ensure_lock_file(conf_dir: str, task_gid: int | None = None) -> bool:

@@ -26,13 +26,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..core.cpulist import ISOLCPUS_FLAGS, parse_cpulist
-from ..core.errors import CpulistError, CpupoolsError, PlanError, show
-from ..core.names import POOL_ORDER, VERIFY_CHECKS
+from ..core.errors import CpulistError, CpupoolsError, PlanError, StateError, show
+from ..core.names import POOL_ORDER, RUNTIMES, VERIFY_CHECKS
 from ..hardware.power import to_settings as to_power_settings
 from ..node.cmk15 import CMK_NAMESPACES
 from ..node.hugepages import parse_entries as to_hugepages
 from ..node.hugepages import parse_size, size_label
-from ..node.kubelet import RUNTIMES, TOPOLOGY_POLICIES, TOPOLOGY_SCOPES, to_kubelet_version, to_policy_options
+from ..node.kubelet import TOPOLOGY_POLICIES, TOPOLOGY_SCOPES, to_kubelet_version, to_policy_options
 from ..node.nodecode import AGENT_PATH
 
 PREFIX = "cpupools_"
@@ -836,12 +836,12 @@ def check_group(group: str, field: str = "task_group") -> None:
     """Refuse a task group the node does not have (a gid is taken as it is)."""
     if not group or _INT_RE.match(group):
         return
-    import grp  # not on every platform the planner's unit tests import this module on
+    from ..node.state_writer import group_id  # the pool state's writer, which the plan does not otherwise import
 
     try:
-        grp.getgrnam(group)
-    except KeyError:
-        raise InputError(f"group {show(group)} does not exist on the node", field) from None
+        group_id(group)
+    except StateError as exc:
+        raise InputError(str(exc), field) from None
 
 
 #: How many refused hosts a whole-inventory check names before it counts the rest.

@@ -41,8 +41,19 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 from ..core.cpulist import format_cmk_cpulist, format_cpulist
-from ..core.errors import PlanError, show
-from ..core.names import ENI, EXCLUSIVE, EXCLUSIVE_POOLS, INFRA, POOL_ORDER, SHARED
+from ..core.errors import PlanError, plural, show
+from ..core.names import (
+    ENI,
+    EXCLUSIVE,
+    EXCLUSIVE_POOLS,
+    INFRA,
+    KUBELET,
+    NRI_BALLOONS,
+    NRI_TOPOLOGY_AWARE,
+    POOL_ORDER,
+    RUNTIMES,
+    SHARED,
+)
 from ..hardware.locality import fewest_groups
 from ..hardware.topology import EFFICIENCY, Core, Topology
 from .inputs import (
@@ -62,10 +73,6 @@ from .inputs import (
 PLAN_VERSION = 2
 #: The runtime whose reserved set is the housekeeping cores and nothing more,
 #: and which hands out (and shares until then) every other CPU.
-KUBELET = "kubelet"
-NRI_TOPOLOGY_AWARE = "nri-topology-aware"
-NRI_BALLOONS = "nri-balloons"
-RUNTIME_NAMES = ("cmk", KUBELET, "cpu-pooler", NRI_TOPOLOGY_AWARE, NRI_BALLOONS)
 #: ``infra_cores: auto``: one housekeeping thread per this many threads of a NUMA
 #: node, in whole cores, at least one core (48 threads: one SMT2 core; 192: three).
 HOUSEKEEPING_SHARE = 32
@@ -136,7 +143,7 @@ def make_request(raw: Mapping[str, object]) -> PlanRequest:
             "num_exclusive_cores and num_shared_cores are both -1; only one pool can take all remaining cores",
             "num_exclusive_cores",
         )
-    runtime = to_choice(get("runtime"), "runtime", RUNTIME_NAMES)
+    runtime = to_choice(get("runtime"), "runtime", RUNTIMES)
     pools = to_isolated_pools(get("isolated_pools"), "isolated_pools")
     if pools == "auto":
         pools = default_isolated_pools(runtime)
@@ -157,11 +164,6 @@ def make_request(raw: Mapping[str, object]) -> PlanRequest:
 
 
 # Core selection --------------------------------------------------------------
-
-
-def _plural(n: int, word: str) -> str:
-    """``1 core``, ``2 cores``; a count typed beyond any host is shown shortened (``show``)."""
-    return f"{show(n)} {word}" if n == 1 else f"{show(n)} {word}s"
 
 
 def _whole_cores(topo: Topology, cpus: Iterable[int], name: str) -> list[Core]:
@@ -375,7 +377,7 @@ def _housekeeping(topo: Topology, req: PlanRequest, half: set[int]) -> tuple[lis
     spec = req.infra_cores
     if isinstance(spec, tuple):
         cores = _whole_cores(topo, spec, "infra_cores")
-        return cores, f"{_plural(len(cores), 'infra core')} (cpupools_infra_cores)"
+        return cores, f"{plural(len(cores), 'infra core')} (cpupools_infra_cores)"
     mapping = spec if isinstance(spec, dict) else {}
     nodes = _node_order(topo)
     unknown = sorted(set(mapping) - set(nodes))
@@ -396,7 +398,7 @@ def _housekeeping(topo: Topology, req: PlanRequest, half: set[int]) -> tuple[lis
         if count > len(on_node):
             raise PlanError(
                 f"{show(count)} infra cores requested on NUMA node {node}, "
-                f"which has only {_plural(len(on_node), 'core')}",
+                f"which has only {plural(len(on_node), 'core')}",
                 "infra_cores",
             )
         chosen += order[:count]
@@ -404,13 +406,13 @@ def _housekeeping(topo: Topology, req: PlanRequest, half: set[int]) -> tuple[lis
     if not chosen:
         raise PlanError("no NUMA node keeps an infra core; the host and Kubernetes need at least one", "infra_cores")
     if isinstance(spec, int):
-        note = f"{_plural(spec, 'infra core')} per NUMA node"
+        note = f"{plural(spec, 'infra core')} per NUMA node"
     elif mapping:
-        note = f"{_plural(len(chosen), 'infra core')} (cpupools_infra_cores per NUMA node)"
+        note = f"{plural(len(chosen), 'infra core')} (cpupools_infra_cores per NUMA node)"
     elif len(counts) == 1:
-        note = f"{_plural(counts.pop(), 'infra core')} per NUMA node (auto)"
+        note = f"{plural(counts.pop(), 'infra core')} per NUMA node (auto)"
     else:
-        note = f"{_plural(len(chosen), 'infra core')} (auto, per NUMA node)"
+        note = f"{plural(len(chosen), 'infra core')} (auto, per NUMA node)"
     return sorted(chosen, key=lambda c: c.first), note
 
 
@@ -592,11 +594,11 @@ def _resolve_counts(
     """
     excl, shared = req.num_exclusive_cores, req.num_shared_cores
     fixed = max(excl, 0) + max(shared, 0)
-    asked = f"{_plural(excl, 'exclusive core') if excl >= 0 else 'all remaining exclusive cores'} + " + (
-        f"{_plural(shared, 'shared core')}" if shared >= 0 else "all remaining shared cores"
+    asked = f"{plural(excl, 'exclusive core') if excl >= 0 else 'all remaining exclusive cores'} + " + (
+        f"{plural(shared, 'shared core')}" if shared >= 0 else "all remaining shared cores"
     )
     if eni:
-        asked += f" + {_plural(eni, 'exclusive-non-isolcpus core')}"
+        asked += f" + {plural(eni, 'exclusive-non-isolcpus core')}"
     field_name = "num_exclusive_cores" if excl != 0 or shared == 0 else "num_shared_cores"
     others = free_any - free_excl  # cores only shared may take
     too_many = fixed > free_any or (fixed == free_any and -1 in (excl, shared)) or max(excl, 0) > free_excl
@@ -637,7 +639,7 @@ def _generate(topo: Topology, req: PlanRequest) -> _Layout:
     if half:
         names = ", ".join(format_cpulist(c.cpus) for c in topo.cores if c.index in half)
         layout.warnings.append(
-            f"{_plural(len(half), 'core')} ({names}) "
+            f"{plural(len(half), 'core')} ({names}) "
             f"have an offline sibling (offline: {format_cpulist(topo.offline)}): the sibling comes back at the next "
             "boot, so these cores stay out of the isolated pools"
         )
@@ -694,7 +696,7 @@ def _pools_layout(
         why = " (not the cores with an offline sibling)"
     lost = len([c for c in free if c.index in half])
     unusable = (
-        f" and {_plural(lost, 'core')} with an offline sibling, never isolated" if lost and shared_isolated else ""
+        f" and {plural(lost, 'core')} with an offline sibling, never isolated" if lost and shared_isolated else ""
     )
     excl, shared = _resolve_counts(req, len(free_excl), len(free_shared), infra_note, len(eni), why, unusable)
     if _flat(topo):
@@ -752,11 +754,11 @@ def _kubelet_layout(
     mine = [c for c in free if c.index not in kept]
     wanted = req.num_exclusive_cores
     if wanted > len(mine) or not mine:
-        fits = f"the kubelet can hand out {_plural(len(mine), 'core')} after {infra_note}"
+        fits = f"the kubelet can hand out {plural(len(mine), 'core')} after {infra_note}"
         if keep:
-            fits += f" and {_plural(len(keep), 'reserved core')} it cannot use"
+            fits += f" and {plural(len(keep), 'reserved core')} it cannot use"
         raise PlanError(
-            f"{_plural(max(wanted, 1), 'exclusive core')} requested, {fits}",
+            f"{plural(max(wanted, 1), 'exclusive core')} requested, {fits}",
             "num_exclusive_cores",
         )
     if req.num_shared_cores:
@@ -822,9 +824,9 @@ def _adopt(topo: Topology, req: PlanRequest) -> _Layout:
         requested = max(excl, 0) + max(shared, 0) + (1 if -1 in (excl, shared) else 0)
         if len(isolated) < requested:
             raise PlanError(
-                f"{_plural(max(excl, 0), 'exclusive core')} + {_plural(max(shared, 0), 'shared core')} requested, "
+                f"{plural(max(excl, 0), 'exclusive core')} + {plural(max(shared, 0), 'shared core')} requested, "
                 f"{len(isolated)} fit: isolcpus ({format_cpulist(iso)}) fully isolates "
-                f"{_plural(len(isolated), 'core')}; lower the sizes or isolate more cores",
+                f"{plural(len(isolated), 'core')}; lower the sizes or isolate more cores",
                 "num_exclusive_cores",
             )
         sst_iso = isolated & sst
@@ -858,7 +860,7 @@ def _adopt(topo: Topology, req: PlanRequest) -> _Layout:
             cpus = sorted(cpu for core in topo.cores if core.index in stranded for cpu in core.cpus)
             layout.stranded = cpus
             layout.warnings.append(
-                f"{_plural(len(stranded), 'isolated core')} ({format_cpulist(cpus)}) are in no pool: "
+                f"{plural(len(stranded), 'isolated core')} ({format_cpulist(cpus)}) are in no pool: "
                 f"{len(isolated)} isolated but only {len(isolated) - len(stranded)} used by exclusive and shared"
             )
     else:
@@ -1002,11 +1004,11 @@ def _housekeeping_warnings(numa: Mapping[int, Mapping]) -> list[str]:
         if iso and not hk:
             out.append(
                 f"NUMA node {node} keeps no housekeeping CPU: the interrupts of its devices and the RCU callbacks "
-                f"and kernel threads of its {_plural(iso, 'isolated CPU')} are served from other NUMA nodes"
+                f"and kernel threads of its {plural(iso, 'isolated CPU')} are served from other NUMA nodes"
             )
         elif hk and iso / hk > HOUSEKEEPING_WARN_RATIO:
             out.append(
-                f"NUMA node {node}: {_plural(hk, 'housekeeping CPU')} carry the interrupts, RCU callbacks and "
+                f"NUMA node {node}: {plural(hk, 'housekeeping CPU')} carry the interrupts, RCU callbacks and "
                 f"kernel threads of {iso} isolated CPUs ({iso // hk} each); give it more infra cores "
                 f"(cpupools_infra_cores: auto keeps one thread per {HOUSEKEEPING_SHARE})"
             )

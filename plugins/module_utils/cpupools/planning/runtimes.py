@@ -43,7 +43,16 @@ from typing import Any
 
 from ..core.cpulist import format_cpulist, parse_cpulist
 from ..core.errors import PlanError
-from ..core.names import ENI, EXCLUSIVE, INFRA, MANAGED_BY, SHARED
+from ..core.names import (
+    ENI,
+    EXCLUSIVE,
+    INFRA,
+    MANAGED_BY,
+    NRI_BALLOONS,
+    NRI_TOPOLOGY_AWARE,
+    POOLER,
+    SHARED,
+)
 from .inputs import HT_POLICIES
 
 # Applying this to the API server is cluster.runtimes_apply's: the plan
@@ -51,11 +60,6 @@ from .inputs import HT_POLICIES
 # run, and compiling the Kubernetes side on each node was a seventh of the
 # time its own imports take (docs/performance.md).
 
-CMK = "cmk"
-KUBELET = "kubelet"
-POOLER = "cpu-pooler"
-NRI_TOPOLOGY_AWARE = "nri-topology-aware"
-NRI_BALLOONS = "nri-balloons"
 #: Runtimes whose configuration this module renders and publishes.
 CONFIG_RUNTIMES = (POOLER, NRI_TOPOLOGY_AWARE, NRI_BALLOONS)
 NRI_RUNTIMES = (NRI_TOPOLOGY_AWARE, NRI_BALLOONS)

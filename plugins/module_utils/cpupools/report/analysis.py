@@ -53,7 +53,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..core.cpulist import format_cpulist, parse_cpulist
-from ..core.errors import CpupoolsError, PlanError, ReportError
+from ..core.errors import CpupoolsError, PlanError, ReportError, plural
 from ..core.names import ENI, EXCLUSIVE, EXCLUSIVE_POOLS, INFRA, POOL_ORDER, SHARED
 from ..hardware.topology import Topology
 from ..node.hugepages import parse_size, size_label
@@ -301,10 +301,6 @@ def _mapping(value: object, field_name: str) -> Mapping | None:
     return value
 
 
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
-
-
 def _int(value: object, what: str, field_name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise ReportError(f"{what}: {value!r} is not a number", field_name)
@@ -400,8 +396,8 @@ def analyse_host(entry: Mapping) -> HostView:
         view.core_types = _core_types(topo)
         view.cpu_states = _cpu_states(topo)
         view.summary = (
-            f"{_plural(len(topo.sockets), 'socket')}, {_plural(len(topo.cores), 'core')}, "
-            f"{_plural(len(topo.cpus), 'CPU')} online ({topo.threads_per_core} per core)"
+            f"{plural(len(topo.sockets), 'socket')}, {plural(len(topo.cores), 'core')}, "
+            f"{plural(len(topo.cpus), 'CPU')} online ({topo.threads_per_core} per core)"
             + (f", {len(topo.offline)} offline" if topo.offline else "")
         )
         if plan:
@@ -496,7 +492,7 @@ def _runtime(view: HostView, plan: Mapping, planned: int) -> None:
         return
     view.runtime = str(runtime)
     reserved = _cpus(plan.get("reserved_cpus"), "reserved_cpus", "plan")
-    view.housekeeping = f"{format_cpulist(reserved) or 'none'} ({_plural(len(reserved), 'CPU')})"
+    view.housekeeping = f"{format_cpulist(reserved) or 'none'} ({plural(len(reserved), 'CPU')})"
     allocatable = plan.get("allocatable_cpus")
     if view.runtime == "kubelet":
         kubelet = plan.get("kubelet") if isinstance(plan.get("kubelet"), Mapping) else {}
@@ -522,7 +518,7 @@ def _core_types(topo: Topology) -> str:
     parts = []
     for kind, cpus in types.items():
         cores = len({topo.core_of(c).index for c in cpus})
-        parts.append(f"{short.get(kind, kind)} {format_cpulist(cpus)} ({_plural(cores, 'core')})")
+        parts.append(f"{short.get(kind, kind)} {format_cpulist(cpus)} ({plural(cores, 'core')})")
     return ", ".join(parts)
 
 
@@ -611,7 +607,7 @@ def _state(view: HostView, state: Mapping | None, plan: Mapping | None) -> dict[
             str(p): _norm_lists({str(s): list(v or []) for s, v in (sockets or {}).items()})
             for p, sockets in pools.items()
         }
-    view.tasks_note = f"{_plural(count, 'task')} on {_plural(len(view.tasks), 'cpulist')}" if count else "no live task"
+    view.tasks_note = f"{plural(count, 'task')} on {plural(len(view.tasks), 'cpulist')}" if count else "no live task"
     if planned is not None:
         for pool in _ordered_pools(set(on_disk) | set(planned)):
             want = _norm_lists(planned.get(pool, {}))
@@ -693,7 +689,7 @@ def _pool_rows(view: HostView, plan: Mapping, held: Mapping[tuple[str, str], int
                 online = [c for c in cpus if topo is not None and c in topo.cpus]
                 cores = str(len({topo.core_of(c).index for c in online})) if topo is not None else "-"
                 tasks = sum(n for (p, key), n in held.items() if p == pool and set(parse_cpulist(key)) & set(cpus))
-                in_use = _plural(tasks, "task") if tasks else ""
+                in_use = plural(tasks, "task") if tasks else ""
             view.pools.append(PoolRow(pool, socket, cores, len(cpus), format_cpulist(cpus) or "-", in_use))
 
 
@@ -791,7 +787,7 @@ def _picture(
             by_node.setdefault(core.node, {}).setdefault(l3, []).append(CoreView(format_cpulist(core.cpus), threads))
         socket_cores = sum(len(c) for groups in by_node.values() for c in groups.values())
         socket_l3 = sorted({g for groups in by_node.values() for g in groups if g is not None})
-        label = f"socket {socket} · {_plural(socket_cores, 'core')} · NUMA node{'s' if len(by_node) > 1 else ''} "
+        label = f"socket {socket} · {plural(socket_cores, 'core')} · NUMA node{'s' if len(by_node) > 1 else ''} "
         label += _ids(by_node)
         if socket_l3:
             label += f" · L3 domain{'s' if len(socket_l3) > 1 else ''} {_ids(socket_l3)}"
@@ -801,15 +797,15 @@ def _picture(
             known = sorted(g for g in groups if g is not None)
             boxed = len(groups) > 1
             cores = sum(len(c) for c in groups.values())
-            node_label = f"NUMA node {node} · {_plural(cores, 'core')}"
+            node_label = f"NUMA node {node} · {plural(cores, 'core')}"
             if known:
                 node_label += f" · L3 {_ids(known)}"
             l3_groups = []
             for l3 in sorted(groups, key=lambda g: (g is None, g or 0)):
                 if l3 is None:
-                    group_label = f"L3 unknown · {_plural(len(groups[l3]), 'core')}"
+                    group_label = f"L3 unknown · {plural(len(groups[l3]), 'core')}"
                 else:
-                    group_label = f"L3 {l3} · {_plural(len(groups[l3]), 'core')}"
+                    group_label = f"L3 {l3} · {plural(len(groups[l3]), 'core')}"
                     if len(spans.get(l3, ())) > 1:
                         group_label += f" · shared by NUMA nodes {_ids(spans[l3])}"
                 l3_groups.append(L3Group(l3, group_label, boxed, groups[l3]))
@@ -990,7 +986,7 @@ def fleet_summary(views: Sequence[HostView], failed: Sequence[str] = ()) -> str:
     for v in views:
         by_status.setdefault(v.status, []).append(v.host)
     exclusive = sum(int(r.cores) for v in views for r in v.pools if r.pool == EXCLUSIVE)
-    parts = [f"fleet: {_plural(len(views), 'host')}"]
+    parts = [f"fleet: {plural(len(views), 'host')}"]
     for status, label in (
         ("ok", "as planned"),
         ("pending", "pending"),
@@ -1008,7 +1004,7 @@ def fleet_summary(views: Sequence[HostView], failed: Sequence[str] = ()) -> str:
     if failed_verify:
         names = ", ".join(failed_verify[:5]) + (f" and {len(failed_verify) - 5} more" if len(failed_verify) > 5 else "")
         parts.append(f"{len(failed_verify)} failed verify ({names})")
-    parts.append(f"{_plural(exclusive, 'exclusive core')}")
+    parts.append(f"{plural(exclusive, 'exclusive core')}")
     if failed:
         parts.append(f"{len(failed)} failed earlier and not reported ({', '.join(failed)})")
     return "; ".join(parts)
