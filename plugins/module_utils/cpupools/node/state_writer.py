@@ -586,7 +586,10 @@ def _children(proc_fs: str) -> dict[int, list[int]]:
                 text = handle.read().decode("ascii", "replace")
         except OSError:
             continue
-        fields = text.rpartition(")")[2].split()
+        try:
+            fields = st.split_proc_stat(text)[2]
+        except ValueError:  # not a process's stat line
+            continue
         if len(fields) > 1 and fields[1].isdigit():
             children.setdefault(int(fields[1]), []).append(int(name))
     return children
