@@ -22,10 +22,10 @@ and our extended resources (both names, in capacity and allocatable).
 from __future__ import annotations
 
 import copy
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from ..core import kube_names
 from ..core.errors import K8sError
 from ..core.names import ENI, EXCLUSIVE, MANAGED_BY
 
@@ -45,33 +45,16 @@ LAYOUT_PLURAL = "cpupoollayouts"
 LAYOUT_SINGULAR = "cpupoollayout"
 LAYOUT_CRD_NAME = f"{LAYOUT_PLURAL}.{LAYOUT_GROUP}"
 
-_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-_DNS_SUBDOMAIN = re.compile(rf"^{_DNS_LABEL}(\.{_DNS_LABEL})*$")
-_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-
-
-# Validation ----------------------------------------------------------------
-
-
-def _subdomain(text: str) -> bool:
-    return len(text) <= 253 and bool(_DNS_SUBDOMAIN.match(text))
+# Validation (the names' rules are core/kube_names.py's, which the inputs' check uses too) ---------
 
 
 def check_qualified_name(text: object, what: str, field_name: str, need_prefix: bool = False) -> str:
     """A Kubernetes qualified name: ``[prefix/]name`` (label keys, resource names)."""
     if not isinstance(text, str) or not text:
         raise K8sError(f"{what} {text!r} is not a non-empty string", field_name)
-    prefix, slash, name = text.rpartition("/")
-    if need_prefix and not slash:
-        raise K8sError(f"{what} {text!r} needs a domain prefix, like example.com/{text}", field_name)
-    if slash and not _subdomain(prefix):
-        raise K8sError(f"{what} {text!r}: the prefix {prefix!r} is not a DNS subdomain", field_name)
-    if len(name) > 63 or not _NAME.match(name):
-        raise K8sError(
-            f"{what} {text!r}: the name part must be 1-63 characters of [A-Za-z0-9-_.], "
-            "starting and ending with a letter or digit",
-            field_name,
-        )
+    fault = kube_names.qualified_name_fault(text, need_prefix)
+    if fault:
+        raise K8sError(f"{what} {text!r}: {fault}", field_name)
     return text
 
 
@@ -80,7 +63,7 @@ def check_label_value(value: object, key: str, field_name: str) -> str:
         value = "true" if value else "false"
     if isinstance(value, int):
         value = str(value)
-    if not isinstance(value, str) or (value and (len(value) > 63 or not _NAME.match(value))):
+    if not isinstance(value, str) or not kube_names.LABEL_VALUE.match(value):
         raise K8sError(
             f"label {key!r}: value {value!r} must be at most 63 characters of [A-Za-z0-9-_.], "
             "starting and ending with a letter or digit (or empty)",
@@ -90,17 +73,18 @@ def check_label_value(value: object, key: str, field_name: str) -> str:
 
 
 def check_node_name(name: object) -> str:
-    if not isinstance(name, str) or not _subdomain(name):
+    if not kube_names.is_subdomain(name):
         raise K8sError(f"{name!r} is not a valid Kubernetes node name (a lowercase DNS subdomain)", "k8s_node_name")
     return name
 
 
 def check_extended_resource(name: object, field_name: str) -> str:
-    check_qualified_name(name, "extended resource name", field_name, need_prefix=True)
-    prefix = str(name).rpartition("/")[0]
-    if prefix == "kubernetes.io" or prefix.endswith(".kubernetes.io") or prefix in ("requests", "limits"):
-        raise K8sError(f"extended resource {name!r} may not use the kubernetes.io domain", field_name)
-    return str(name)
+    if not isinstance(name, str) or not name:
+        raise K8sError(f"extended resource name {name!r} is not a non-empty string", field_name)
+    fault = kube_names.extended_resource_fault(name)
+    if fault:
+        raise K8sError(f"extended resource name {name!r}: {fault}", field_name)
+    return name
 
 
 # Desired state -------------------------------------------------------------
@@ -144,7 +128,7 @@ def desired_node(
     """
     if state not in ("present", "absent"):
         raise K8sError(f"{state!r} is not one of present, absent", "state")
-    if not isinstance(label_domain, str) or not _subdomain(label_domain):
+    if not kube_names.is_subdomain(label_domain):
         raise K8sError(f"{label_domain!r} is not a DNS subdomain like cmk.intel.com", "label_domain")
     node_label = f"{label_domain}/{NODE_LABEL_NAME}"
     user = {}

@@ -25,6 +25,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from ..core import kube_names
 from ..core.cpulist import ISOLCPUS_FLAGS, parse_cpulist
 from ..core.errors import CpulistError, CpupoolsError, PlanError, StateError, show
 from ..core.names import POOL_ORDER, RUNTIMES, VERIFY_CHECKS
@@ -55,9 +56,6 @@ _FALSE = ("false", "no", "off", "0")
 # A file name (GRUB drop-in) and Kubernetes names (RFC 1123 subdomain, label
 # name, qualified extended resource name).
 _FILE_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
-_DNS_SUBDOMAIN_RE = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_NAME_RE = re.compile(r"^(?=.{1,63}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-_LABEL_VALUE_RE = re.compile(r"^((?=.{1,63}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 _NAMESPACE_RE = re.compile(r"^(?=.{1,63}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _UNIT_RE = re.compile(r"^[A-Za-z0-9@_.:-]{1,200}$")
 _SERIAL_RE = re.compile(r"^[0-9]{1,3}%$")
@@ -335,11 +333,10 @@ def to_labels(raw: object, field: str) -> dict[str, str]:
     out = {}
     for key, value in raw.items():
         name = to_str(key, field)
-        prefix, _, short = name.rpartition("/")
-        if (prefix and not _DNS_SUBDOMAIN_RE.match(prefix)) or not _NAME_RE.match(short):
+        if kube_names.qualified_name_fault(name):
             raise InputError(f"label name {show(name)} is not a valid Kubernetes label name", field)
         text = "" if value is None else value
-        if isinstance(text, bool) or not isinstance(text, (str, int)) or not _LABEL_VALUE_RE.match(str(text)):
+        if isinstance(text, bool) or not isinstance(text, (str, int)) or not kube_names.LABEL_VALUE.match(str(text)):
             raise InputError(f"label {name}: value {show(value)} is not a valid Kubernetes label value", field)
         out[name] = str(text)
     return out
@@ -347,10 +344,10 @@ def to_labels(raw: object, field: str) -> dict[str, str]:
 
 def to_resource(raw: object, field: str) -> str:
     text = to_str(raw, field)
-    domain, slash, name = text.partition("/")
-    if not slash or not _DNS_SUBDOMAIN_RE.match(domain) or not _NAME_RE.match(name) or domain.endswith("kubernetes.io"):
+    fault = kube_names.extended_resource_fault(text)
+    if fault:
         raise InputError(
-            f"{show(raw)} is not an extended resource name (<domain>/<name>, outside kubernetes.io)", field
+            f"{show(raw)} is not an extended resource name (<domain>/<name>, outside kubernetes.io): {fault}", field
         )
     return text
 
@@ -358,8 +355,7 @@ def to_resource(raw: object, field: str) -> str:
 def to_label_key(raw: object, field: str) -> str:
     """A label (or annotation) key with a domain prefix: ``example.com/name``."""
     text = to_str(raw, field)
-    prefix, slash, short = text.rpartition("/")
-    if not slash or not _DNS_SUBDOMAIN_RE.match(prefix) or not _NAME_RE.match(short):
+    if kube_names.qualified_name_fault(text, need_prefix=True):
         raise InputError(f"{show(raw)} is not a Kubernetes label name with a domain (like example.com/inject)", field)
     return text
 
@@ -586,7 +582,7 @@ SPEC: dict[str, Var] = {
     "metrics_dir": _var("agent verify", _path(allow_empty=True), ""),
     "agent_force": _var("agent", to_bool, False, "bool"),
     "agent_kubeconfig": _var("agent", _path(allow_empty=True), "/etc/kubernetes/kubelet.conf"),
-    "agent_node_name": _var("agent", _str(False, _DNS_SUBDOMAIN_RE, "a Kubernetes node name"), derived=True),
+    "agent_node_name": _var("agent", _str(False, kube_names.DNS_SUBDOMAIN, "a Kubernetes node name"), derived=True),
     "lock_timeout": _var("agent", _int(1, 3600), 30, "int"),
     "agent_isolate_shell": _var("agent", to_bool, False, "bool"),
     "manage_services": _var("agent", to_bool, None, "bool", derived=True),
@@ -599,10 +595,10 @@ SPEC: dict[str, Var] = {
     "k8s_kubeconfig": _var("k8s", _str(True), ""),
     "k8s_context": _var("k8s", _str(True), ""),
     "k8s_in_cluster": _var("k8s", to_bool, False, "bool"),
-    "k8s_node_name": _var("k8s", _str(False, _DNS_SUBDOMAIN_RE, "a Kubernetes node name"), derived=True),
+    "k8s_node_name": _var("k8s", _str(False, kube_names.DNS_SUBDOMAIN, "a Kubernetes node name"), derived=True),
     "k8s_taint": _var("k8s", to_bool, True, "bool"),
     "k8s_labels": _var("k8s", to_labels, {}, "dict"),
-    "k8s_label_domain": _var("k8s", _str(False, _DNS_SUBDOMAIN_RE, "a DNS domain"), "cmk.intel.com"),
+    "k8s_label_domain": _var("k8s", _str(False, kube_names.DNS_SUBDOMAIN, "a DNS domain"), "cmk.intel.com"),
     "k8s_exclusive_resource": _var("k8s", to_resource, "cmk.intel.com/exclusive-cores"),
     "k8s_eni_resource": _var("k8s", to_resource, "cmk.intel.com/exclusive-non-isolcpus-cores"),
     "k8s_publish": _var("k8s", to_bool, True, "bool"),
