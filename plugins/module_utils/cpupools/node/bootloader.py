@@ -25,11 +25,11 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 
 from ..core.cpulist import cmdline_spans
 from ..core.errors import KernelArgsError
+from ..core.files import replace_file
 from . import kargs
 
 BIN_DIRS = ("usr/local/sbin", "usr/local/bin", "usr/sbin", "usr/bin", "sbin", "bin")
@@ -155,20 +155,8 @@ class Host:
 
     def _replace(self, rel: str, text: str) -> None:
         path = self.path(rel)
-        directory = os.path.dirname(path)
-        os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".cpupools-", dir=directory)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(text)
-                handle.flush()
-                os.fsync(handle.fileno())
-            mode = os.stat(path).st_mode & 0o7777 if os.path.exists(path) else 0o644
-            os.chmod(tmp, mode)
-            self._move(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        mode = os.stat(path).st_mode & 0o7777 if os.path.exists(path) else 0o644
+        replace_file(path, text.encode("utf-8"), mode, self._move)
 
 
 class Record:

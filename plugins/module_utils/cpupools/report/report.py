@@ -16,11 +16,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 
 from ..core.errors import ReportError
+from ..core.files import replace_file
 from . import report_store
 from .analysis import HostView, analyse, analyse_host, fleet_summary
 from .page import JSON_FORMAT, json_path, page_model, render_json, render_page
@@ -47,22 +47,6 @@ def _describe(content: bytes | None) -> str:
     if content is None:
         return "(absent)\n"
     return f"{len(content)} bytes, sha1 {hashlib.sha1(content).hexdigest()}\n"
-
-
-def _write_atomic(path: str, content: bytes, move: Callable[[str, str], object]) -> None:
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, mode=0o755, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".cpupools-report-", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(content)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)
-        move(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def _from_store(params: Mapping, check_mode: bool) -> tuple[list[HostView], report_store.Fleet, list[str]]:
@@ -216,7 +200,7 @@ def report(params: Mapping, check_mode: bool = False, move: Callable[[str, str],
         )
         if not check_mode:
             try:
-                _write_atomic(target, content, move)
+                replace_file(target, content, move=move, prefix=".cpupools-report-")
             except OSError as exc:
                 raise ReportError(f"cannot write {target}: {exc.strerror}") from None
     if diffs:

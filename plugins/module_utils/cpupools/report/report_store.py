@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import quote, unquote
 
 from ..core.errors import ReportError, show
+from ..core.files import replace_file
 
 #: The version of a store file; a file of another version is left out, saying so.
 FORMAT = 1
@@ -172,26 +172,12 @@ def write(
         raise ReportError(f"cannot create the report store {directory}: {exc.strerror}", "report_store") from None
     written = []
     for record, path in changed:
-        name = file_name(record.host)
         try:
-            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
-        except OSError as exc:
-            message = f"cannot write into the report store {directory}: {exc.strerror}"
-            raise ReportError(message, "report_store") from None
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(encode(record))
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.chmod(tmp, 0o644)
-            if now is not None:
-                os.utime(tmp, (now, now))
-            move(tmp, path)
+            replace_file(
+                path, encode(record), move=move, mtime=now, prefix=f".{file_name(record.host)}.", suffix=".tmp"
+            )
         except OSError as exc:
             raise ReportError(f"cannot write {path}: {exc.strerror}", "report_store") from None
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
         written.append(path)
     return written
 
