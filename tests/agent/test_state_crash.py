@@ -1,9 +1,11 @@
 """The state module killed at every step and every system call of its write path; any entry point recovers (issue 11).
 
 The module's work (``state_writer.converge``, what ``cpupools_state`` runs)
-is run in a child process. The first test sets ``CPUPOOLS_STATE_CRASH_AT=N``,
-which ends the process with ``os._exit`` at the N-th write step, as SIGKILL
-would; N goes over every step the uninterrupted write takes, not a sample.
+is run in a child process, a driver that replaces the writer's ``_step``
+(which does nothing in production) with one that counts the steps. The first
+test has it end the process with ``os._exit`` at the N-th write step, as
+SIGKILL would; N goes over every step the uninterrupted write takes, not a
+sample.
 The second kills it with SIGKILL at every system call from its first flock
 to its exit (``strace -e inject``), inside the steps too. After each kill
 one entry point runs first (in turn: the module again, ``cmk isolate``,
@@ -58,12 +60,21 @@ NEW = make_plan({"exclusive": {"0": ["0"]}, "shared": {"0": ["1"]}, "infra": {"0
 #: The holders' workloads outlive any run of these tests (the fixture kills them after).
 HOLD_SECONDS = 24 * 3600
 
+#: The driver ends at write step N of ``CRASH_ENV`` with this status.
+CRASH_ENV = "CPUPOOLS_TEST_CRASH_AT"
+CRASH_STATUS = 99
 DRIVER = """
 import json, os, sys
 sys.path.insert(0, sys.argv[1])
 from cpupools.node import state_writer as sw
+steps, crash_at = [0], os.environ.get("CPUPOOLS_TEST_CRASH_AT")
+def step():
+    steps[0] += 1
+    if crash_at == str(steps[0]):
+        os._exit(99)
+sw._step = step
 result = sw.converge(sys.argv[2], json.loads(sys.argv[3]), proc_fs=sys.argv[4])
-print(json.dumps({"changed": result["changed"], "affinity": result["affinity"], "steps": sw.steps_taken()}))
+print(json.dumps({"changed": result["changed"], "affinity": result["affinity"], "steps": steps[0]}))
 """
 
 
@@ -81,7 +92,7 @@ def module_argv(conf: Path, proc_fs: Path | str = "/proc") -> list[str]:
 
 def module_env() -> dict[str, str]:
     env = dict(os.environ)
-    env.pop(sw.CRASH_ENV, None)
+    env.pop(CRASH_ENV, None)
     env["PYTHONHASHSEED"] = "0"  # the same allocations, so the same system calls, in every run
     return env
 
@@ -89,7 +100,7 @@ def module_env() -> dict[str, str]:
 def module(conf: Path, crash_at: int | None = None) -> subprocess.CompletedProcess:
     env = module_env()
     if crash_at is not None:
-        env[sw.CRASH_ENV] = str(crash_at)
+        env[CRASH_ENV] = str(crash_at)
     return subprocess.run(
         module_argv(conf),
         env=env,
@@ -194,7 +205,7 @@ def test_a_kill_at_any_write_step_is_recovered_by_any_entry_point(cmk, holders):
     for step in range(1, total + 1):
         reset(conf, excl, shared)
         killed = module(conf, crash_at=step)
-        assert killed.returncode == sw.CRASH_STATUS, (step, killed.stdout, killed.stderr)
+        assert killed.returncode == CRASH_STATUS, (step, killed.stdout, killed.stderr)
         kind = kinds[step % len(kinds)]
         entry_point(kind, cmk, conf)
         assert_recovered(conf, excl, shared, f"killed at step {step} of {total}, then {kind}")

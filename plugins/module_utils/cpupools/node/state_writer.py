@@ -17,8 +17,8 @@ its name, whatever form that name has (CMK's core-by-core ``26,70,27,71``
 included), so a live CMK process that holds the path never loses it.
 
 Crash safety: every step of the write path can be killed (the fault test
-does, at each one, through ``CPUPOOLS_STATE_CRASH_AT``, and at every system
-call from the lock to the exit, with SIGKILL under strace). Before the swap
+does, at each one, by replacing ``_step`` in its own driver process, and at
+every system call from the lock to the exit, with SIGKILL under strace). Before the swap
 only a dot-directory exists, which the next write removes; between the two
 renames of the swap ``state.live_tree`` finishes it for any entry point;
 after it, the tasks are already on their new lists and re-pinning follows
@@ -35,26 +35,16 @@ import shutil
 from ..core.errors import ResizeError, StateError, show
 from . import state as st
 
-#: Test hook: ``CPUPOOLS_STATE_CRASH_AT=N`` makes the N-th step of the write
-#: path end the process at once (``os._exit``), as a SIGKILL would.
-CRASH_ENV = "CPUPOOLS_STATE_CRASH_AT"
-CRASH_STATUS = 99
-_steps_taken = 0
-
 Entry = tuple[str, str, str]  # (pool, socket, list key)
 
 
 def _step() -> None:
-    """One step of the write path: counted, and the crash point of the fault test."""
-    global _steps_taken
-    _steps_taken += 1
-    if os.environ.get(CRASH_ENV) == str(_steps_taken):
-        os._exit(CRASH_STATUS)
+    """The end of one step of the write path, where a kill leaves a state every entry point recovers.
 
-
-def steps_taken() -> int:
-    """How many write steps this process took (the fault test iterates over them)."""
-    return _steps_taken
+    Does nothing. It names the crash points for tests/agent/test_state_crash.py,
+    whose driver process replaces it with one that counts the steps and ends
+    the process at the N-th; no environment or setting of a node reaches it.
+    """
 
 
 def list_key(cpus: str) -> str:
