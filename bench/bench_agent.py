@@ -46,7 +46,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "plugins", "module_utils"))
 
-from cpupools.agent import agent_report  # noqa: E402
+from cpupools.agent import reconcile  # noqa: E402
 from cpupools.node import state as st  # noqa: E402
 from cpupools.node import state_writer as sw  # noqa: E402
 
@@ -195,7 +195,7 @@ def bench_reconcile(cmk: str, work: str, runs: int) -> None:
         for _ in range(runs):
             conf = fill()
             started = time.perf_counter()
-            reclaimed, _ = agent_report.reconcile_pass(conf, "/proc", 30)
+            reclaimed, _ = reconcile.reconcile_pass(conf, "/proc", 30)
             in_process.append(time.perf_counter() - started)
             conf = fill()
             started = time.perf_counter()

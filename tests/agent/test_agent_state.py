@@ -94,10 +94,12 @@ def test_lock_times_out_without_threads(tmp_path):
 
 @pytest.mark.parametrize("raw", ["0", "-1", "abc", "inf-ish"])
 def test_lock_timeout_env_is_validated(raw):
+    from cpupools.agent.options import lock_timeout
+
     with pytest.raises(UsageError, match="CMK_LOCK_TIMEOUT"):
-        st.lock_timeout({"CMK_LOCK_TIMEOUT": raw})
-    assert st.lock_timeout({}) == 30.0
-    assert st.lock_timeout({"CMK_LOCK_TIMEOUT": "2.5"}) == 2.5
+        lock_timeout({"CMK_LOCK_TIMEOUT": raw})
+    assert lock_timeout({}) == 30.0
+    assert lock_timeout({"CMK_LOCK_TIMEOUT": "2.5"}) == 2.5
 
 
 def test_proc_stat_with_hostile_command_name():
@@ -332,7 +334,7 @@ def test_reconcile_writes_a_prepared_file_only_over_the_list_it_scanned(tmp_path
     a crash leftover. Each time the list is written again under the lock: the
     dead PID goes, the live ones and their markers stay, no temporary is left.
     """
-    from cpupools.agent import agent_report
+    from cpupools.agent import reconcile
 
     dead, me = 2**22 + 7, os.getpid()
     my_start = st.read_proc_stat("/proc", me)[2]
@@ -358,7 +360,7 @@ def test_reconcile_writes_a_prepared_file_only_over_the_list_it_scanned(tmp_path
 
     monkeypatch.setattr(st.PreparedTasks, "current", current)
     monkeypatch.setattr(st, "proc_view_problem", lambda *a, **k: None)
-    reclaimed, _ = agent_report.reconcile_pass(str(conf), "/proc", 5)
+    reclaimed, _ = reconcile.reconcile_pass(str(conf), "/proc", 5)
     assert [r["pid"] for r in reclaimed] == [dead]
     kept = [me] if meanwhile == "joined" else []
     assert st.parse_tasks((conf / "pools/shared/0/0,1/tasks").read_text()) == kept

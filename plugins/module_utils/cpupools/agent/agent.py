@@ -25,16 +25,20 @@ import sys
 from ..core.errors import CpupoolsError, NoFreeListsError, StateError, UnknownPoolError, UsageError, show
 from ..hardware.locality import CpuLocality, choose_local
 from ..node import state as st
-from .agent_base import (
+from .options import (
     EXIT_INTERNAL,
     EXIT_NOT_EXECUTABLE,
     EXIT_NOT_FOUND,
     EXIT_OK,
     EXIT_OSERR,
-    checked_path,
     conf_dir,
+    isolate_shell,
+    locality_wanted,
+    lock_timeout,
+    num_cores,
     proc_fs_of,
     self_identity,
+    sysfs_root,
     tasks_or_none,
 )
 
@@ -148,45 +152,12 @@ def _name(text: str) -> str:
     return text if 0 < len(text) <= 60 and text.isprintable() else show(text)
 
 
-def num_cores(environ: dict[str, str] | os._Environ) -> int:
-    """``CMK_NUM_CORES``: how many exclusive cpulists ``isolate`` takes (default 1)."""
-    raw = environ.get("CMK_NUM_CORES", "") or "1"
-    text = raw.strip()
-    # Bounded before int(): thousands of digits would make int() itself fail.
-    if not (text.isdigit() and text.isascii()) or len(text) > 9 or int(text) < 1:
-        shown = raw if len(raw) <= 20 else f"{raw[:20]}... ({len(raw)} characters)"
-        raise UsageError(f"CMK_NUM_CORES={shown!r}: requested numbers of cores must be a positive integer")
-    return int(text)
-
-
 def _join_lists(lists: list[st.CpuList]) -> str:
     """CMK v1.4's join: the cpulists ordered by their first CPU, comma-joined."""
     return ",".join(cl.cpus for cl in sorted(lists, key=lambda cl: cl.cpu_ids[0]))
 
 
 # isolate ----------------------------------------------------------------------
-
-_SWITCH = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
-
-
-def isolate_shell(environ: dict[str, str] | os._Environ, conf: str) -> bool:
-    """Whether ``isolate`` runs its command through ``/bin/sh -c`` (CMK v1.4) instead of as argv.
-
-    The workload's ``CMK_ISOLATE_SHELL`` decides; without it, the node's
-    default ``isolate_shell`` in ``<conf>/cpupools.agent`` (written by the
-    cpupools_agent role); without that, argv.
-    """
-    raw = environ.get("CMK_ISOLATE_SHELL", "")
-    where = "CMK_ISOLATE_SHELL"
-    if not raw:
-        raw = st.read_agent_setting(conf, "isolate_shell")
-        where = f"{os.path.join(conf, st.AGENT_SETTINGS)}: isolate_shell"
-    if not raw:
-        return False
-    value = _SWITCH.get(raw.strip().lower())
-    if value is None:
-        raise UsageError(f"{where}={show(raw)}: expected 1 (run the command through /bin/sh -c) or 0")
-    return value
 
 
 class _Signals:
@@ -364,19 +335,6 @@ def _child_exec(
 
 def _free(cl: st.CpuList) -> bool:
     return tasks_or_none(cl) == []
-
-
-def locality_wanted(environ: dict[str, str] | os._Environ) -> bool:
-    """``CMK_NUMA_LOCALITY``: whether several exclusive cpulists are kept on one NUMA node (default 1)."""
-    raw = environ.get("CMK_NUMA_LOCALITY", "")
-    if not raw:
-        return True
-    value = _SWITCH.get(raw.strip().lower())
-    if value is None:
-        raise UsageError(
-            f"CMK_NUMA_LOCALITY={show(raw)}: expected 1 (one NUMA node, fewest L3 caches) or 0 (hand-out order)"
-        )
-    return value
 
 
 def _on_node(lists: list[st.CpuList], node: int, where: CpuLocality) -> list[st.CpuList]:
@@ -569,7 +527,7 @@ def cmd_isolate(opts: dict[str, str | bool], positional: list[str], environ: dic
     # One handle on the state directory for the whole isolate: the lists are taken and given back in the
     # tree it opened, even if the directory is replaced meanwhile (state.ConfDir).
     conf = st.open_conf(conf_dir(opts)).path
-    timeout = st.lock_timeout(environ)
+    timeout = lock_timeout(environ)
     proc_fs = proc_fs_of(environ)
     pool_name = str(pool_name)
     if isolate_shell(environ, conf):
@@ -577,7 +535,7 @@ def cmd_isolate(opts: dict[str, str | bool], positional: list[str], environ: dic
         positional = ["/bin/sh", "-c", " ".join(positional)]
     pid, start = self_identity(proc_fs, "record or reclaim tasks", conf)
     signals = _Signals()
-    where = CpuLocality(checked_path("CPUPOOLS_SYSFS_ROOT", environ.get("CPUPOOLS_SYSFS_ROOT") or "/"))
+    where = CpuLocality(sysfs_root(environ))
     chosen, pools = acquire(conf, pool_name, socket, environ, pid, start, proc_fs, timeout, numa_node, where)
     status = EXIT_INTERNAL
     try:
@@ -620,13 +578,13 @@ def run(argv: list[str], environ: dict[str, str] | os._Environ) -> int:
         return cmd_isolate(opts, positional, environ)
     if positional:
         raise UsageError(f"{sub}: unexpected argument {show(positional[0])}")
-    from . import agent_report  # not needed by isolate: kept out of its start-up
+    from . import reconcile  # not needed by isolate: kept out of its start-up
 
     if sub == "reconcile":
-        return agent_report.cmd_reconcile(opts, environ)
+        return reconcile.cmd_reconcile(opts, environ)
     if sub == "housekeep":
-        return agent_report.cmd_housekeep(opts, environ)
-    return agent_report.cmd_json(sub, opts, environ)
+        return reconcile.cmd_housekeep(opts, environ)
+    return reconcile.cmd_json(sub, opts, environ)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -59,7 +59,6 @@ from ..core.errors import (
     LockTimeoutError,
     StateError,
     StatePermissionError,
-    UsageError,
     show,
 )
 from ..core.names import EXCLUSIVE_POOLS
@@ -357,20 +356,6 @@ class StateLock:
             flock(self.fd, LOCK_UN)
             os.close(self.fd)
             self.fd = -1
-
-
-def lock_timeout(environ: dict[str, str]) -> float:
-    """``CMK_LOCK_TIMEOUT`` in seconds (default 30); a bad value is a usage error."""
-    raw = environ.get("CMK_LOCK_TIMEOUT")
-    if raw is None or raw == "":
-        return DEFAULT_LOCK_TIMEOUT
-    try:
-        value = float(raw) if len(raw) <= 32 else -1.0
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise UsageError(f"CMK_LOCK_TIMEOUT={show(raw)} is not a positive number of seconds")
-    return value
 
 
 # Processes -------------------------------------------------------------------

@@ -1,9 +1,12 @@
-"""What both sides of ``cmk`` need: exit statuses and option values.
+"""``cmk``'s options and environment, and its exit statuses: every variable the agent reads is read here.
 
-``agent.py`` (the entry point and ``isolate``) and ``agent_report.py``
-(``reconcile``, ``describe``, ``node-report``) both import this module and
-``state.py``; neither imports the other at module level, so the agent reads
-as one layer over the state code. Standard library only, cheap to import.
+``CMK_PROC_FS``, ``CMK_LOCK_TIMEOUT``, ``CMK_NUM_CORES``, ``CMK_NUMA_LOCALITY``,
+``CMK_ISOLATE_SHELL`` (or the node's default in ``cpupools.agent``) and
+``CPUPOOLS_SYSFS_ROOT``, each checked where it is read, a bad value a usage
+error (64) that names it. ``agent.py`` (the entry point and ``isolate``) and
+``reconcile.py`` (``reconcile``, ``describe``, ``node-report``, ``housekeep``)
+both import this module and ``state.py``; neither imports the other at module
+level. Standard library only, cheap to import: ``isolate`` pays for it.
 """
 
 from __future__ import annotations
@@ -99,3 +102,69 @@ def self_identity(proc_fs: str, doing: str, conf: str) -> tuple[int, int]:
     if problem is not None:
         raise UsageError(f"refusing to {doing}: {problem}")
     return stat[0], stat[2]
+
+
+def lock_timeout(environ: dict[str, str] | os._Environ) -> float:
+    """``CMK_LOCK_TIMEOUT`` in seconds (default 30); a bad value is a usage error."""
+    raw = environ.get("CMK_LOCK_TIMEOUT")
+    if raw is None or raw == "":
+        return st.DEFAULT_LOCK_TIMEOUT
+    try:
+        value = float(raw) if len(raw) <= 32 else -1.0
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise UsageError(f"CMK_LOCK_TIMEOUT={show(raw)} is not a positive number of seconds")
+    return value
+
+
+def num_cores(environ: dict[str, str] | os._Environ) -> int:
+    """``CMK_NUM_CORES``: how many exclusive cpulists ``isolate`` takes (default 1)."""
+    raw = environ.get("CMK_NUM_CORES", "") or "1"
+    text = raw.strip()
+    # Bounded before int(): thousands of digits would make int() itself fail.
+    if not (text.isdigit() and text.isascii()) or len(text) > 9 or int(text) < 1:
+        shown = raw if len(raw) <= 20 else f"{raw[:20]}... ({len(raw)} characters)"
+        raise UsageError(f"CMK_NUM_CORES={shown!r}: requested numbers of cores must be a positive integer")
+    return int(text)
+
+
+_SWITCH = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
+
+
+def isolate_shell(environ: dict[str, str] | os._Environ, conf: str) -> bool:
+    """Whether ``isolate`` runs its command through ``/bin/sh -c`` (CMK v1.4) instead of as argv.
+
+    The workload's ``CMK_ISOLATE_SHELL`` decides; without it, the node's
+    default ``isolate_shell`` in ``<conf>/cpupools.agent`` (written by the
+    cpupools_agent role); without that, argv.
+    """
+    raw = environ.get("CMK_ISOLATE_SHELL", "")
+    where = "CMK_ISOLATE_SHELL"
+    if not raw:
+        raw = st.read_agent_setting(conf, "isolate_shell")
+        where = f"{os.path.join(conf, st.AGENT_SETTINGS)}: isolate_shell"
+    if not raw:
+        return False
+    value = _SWITCH.get(raw.strip().lower())
+    if value is None:
+        raise UsageError(f"{where}={show(raw)}: expected 1 (run the command through /bin/sh -c) or 0")
+    return value
+
+
+def locality_wanted(environ: dict[str, str] | os._Environ) -> bool:
+    """``CMK_NUMA_LOCALITY``: whether several exclusive cpulists are kept on one NUMA node (default 1)."""
+    raw = environ.get("CMK_NUMA_LOCALITY", "")
+    if not raw:
+        return True
+    value = _SWITCH.get(raw.strip().lower())
+    if value is None:
+        raise UsageError(
+            f"CMK_NUMA_LOCALITY={show(raw)}: expected 1 (one NUMA node, fewest L3 caches) or 0 (hand-out order)"
+        )
+    return value
+
+
+def sysfs_root(environ: dict[str, str] | os._Environ) -> str:
+    """``CPUPOOLS_SYSFS_ROOT``: the directory whose ``sys/`` is read (default ``/``; tests point it at a fixture)."""
+    return checked_path("CPUPOOLS_SYSFS_ROOT", environ.get("CPUPOOLS_SYSFS_ROOT") or "/")

@@ -1,4 +1,4 @@
-"""``cmk reconcile``, ``describe``, ``node-report`` and ``housekeep``: the agent's reporting side.
+"""``cmk reconcile``, ``describe``, ``node-report`` and ``housekeep``: the agent's side that is not ``isolate``.
 
 Split from ``agent.py`` so that ``cmk isolate``, which runs on every workload
 start, does not load it.
@@ -13,7 +13,17 @@ import sys
 from ..core.errors import CpupoolsError, StateError
 from ..node import metrics
 from ..node import state as st
-from .agent_base import EXIT_OK, checked_path, conf_dir, proc_fs_of, seconds, self_identity, tasks_or_none
+from .options import (
+    EXIT_OK,
+    checked_path,
+    conf_dir,
+    lock_timeout,
+    proc_fs_of,
+    seconds,
+    self_identity,
+    sysfs_root,
+    tasks_or_none,
+)
 
 # reconcile ----------------------------------------------------------------------
 
@@ -290,7 +300,7 @@ def cmd_reconcile(opts: dict[str, str | bool], environ: dict[str, str] | os._Env
 
     conf = conf_dir(opts)
     interval = seconds(opts, "--interval")
-    timeout = st.lock_timeout(environ)
+    timeout = lock_timeout(environ)
     proc_fs = proc_fs_of(environ)
     metrics_dir = str(opts.get("--metrics-dir") or environ.get("CPUPOOLS_METRICS_DIR") or "")
     if metrics_dir:
@@ -404,14 +414,14 @@ def cmd_json(sub: str, opts: dict[str, str | bool], environ: dict[str, str] | os
     import time
 
     conf = conf_dir(opts)
-    timeout = st.lock_timeout(environ)
+    timeout = lock_timeout(environ)
     interval = seconds(opts, "--interval") if sub == "node-report" else 0
     while True:
         strays: list[str] = []
         if sub == "describe":
             data = describe(conf, timeout, strays)
         else:
-            sysfs = checked_path("CPUPOOLS_SYSFS_ROOT", environ.get("CPUPOOLS_SYSFS_ROOT") or "/")
+            sysfs = sysfs_root(environ)
             data = node_report(conf, timeout, sysfs, strays)
         for line in strays:
             sys.stderr.write(f"cmk {sub}: skipped: {line}\n")
@@ -433,7 +443,7 @@ def cmd_housekeep(opts: dict[str, str | bool], environ: dict[str, str] | os._Env
     from ..node import housekeep as hk
     from ..node.tasks import Facts
 
-    sysfs = checked_path("CPUPOOLS_SYSFS_ROOT", environ.get("CPUPOOLS_SYSFS_ROOT") or "/")
+    sysfs = sysfs_root(environ)
     check = bool(opts.get("--check"))
     if opts.get("--restore"):
         # The uninstall: every power setting the housekeeper changed goes back; nothing else is read.
