@@ -27,6 +27,7 @@ ALLOWED = {
     "hardware": {"core"},
     "node": {"core", "hardware"},
     "planning": {"core", "hardware", "node"},
+    "verify": {"core", "hardware", "node"},
     "cluster": {"core", "hardware", "node", "planning"},
     "report": {"core", "hardware", "node", "planning"},
     "agent": {"core", "hardware", "node", "cluster"},

@@ -263,7 +263,7 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.core.errors import CpupoolsError
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node import metrics
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node.verify import CHECKS, verify
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.verify.run import CHECKS, verify
 
 ARGUMENT_SPEC = {
     "facts_root": {"type": "path", "default": "/"},

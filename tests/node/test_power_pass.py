@@ -165,7 +165,7 @@ def test_a_power_line_that_cannot_be_used_is_refused(line):
 
 
 def test_verify_fails_a_cpu_whose_settings_are_not_the_plans(node):
-    from cpupools.node.verify import check_power
+    from cpupools.verify.checks import check_power
 
     settings = facts.to_settings(SETTINGS, POOLS)
     plan = facts.plan_power(settings, facts.read_power(str(node), range(16)), {"exclusive": [2, 3]}, "node-a")

@@ -9,10 +9,11 @@ the diagram)::
     5  agent                      the cmk node agent (isolate, reconcile, describe);
                                   not planning, not report
     4  cluster     report         the API server's side; the fleet report
-    3  planning                   the inputs, the plan, the runtimes' renderings
+    3  planning    verify         the inputs, the plan, the runtimes' renderings;
+                                  is the running node quiet (read, judged, measured)
     2  node                       what is written on a node and read back from it
     1  hardware                   the CPUs the kernel shows: topology, NUMA distances
-    0  core                       errors, cpulists, pool names
+    0  core                       errors, cpulists, names (pools, runtimes, Kubernetes')
 
 Every sub-package's ``__init__`` imports nothing: importing one module loads
 only what it imports (the agent's zipapp is that closure). This file imports

@@ -23,7 +23,7 @@ POOLER = "cpu-pooler"
 NRI_TOPOLOGY_AWARE = "nri-topology-aware"
 NRI_BALLOONS = "nri-balloons"
 RUNTIMES = (CMK, KUBELET, POOLER, NRI_TOPOLOGY_AWARE, NRI_BALLOONS)
-#: What verify.yml checks (node/verify.py), in the order it reports them; ``cpupools_verify_fail_on``
+#: What verify.yml checks (verify/checks.py), in the order it reports them; ``cpupools_verify_fail_on``
 #: picks those that fail a node, and the metrics count findings per check.
 VERIFY_CHECKS = ("irq", "workqueue", "kthread", "rcu", "nohz", "process", "cmk", "latency", "power")
 #: The label on every cluster object cpupools owns (and may therefore change or delete).

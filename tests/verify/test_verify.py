@@ -16,14 +16,9 @@ from pathlib import Path
 import pytest
 from cpupools.core.cpulist import format_cpulist, parse_cpulist, parse_cpumask
 from cpupools.core.errors import VerifyError
-from cpupools.node.verify import (
-    latency_cpus,
-    parse_interrupts,
-    parse_oslat_json,
-    parse_oslat_text,
-    percentile,
-    verify,
-)
+from cpupools.verify.gather import parse_interrupts
+from cpupools.verify.latency import latency_cpus, parse_oslat_json, parse_oslat_text, percentile
+from cpupools.verify.run import verify
 from helpers import REPO
 from procfs import (
     EXPECTED,
