@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from cpupools.core.errors import KernelArgsError, PlanError
 from cpupools.hardware.topology import gather_topology
-from cpupools.node import kargs
+from cpupools.node import bootfiles, kargs
 from cpupools.node.hugepages import parse_entries, parse_size, plan_hugepages, read_hugepages, size_label
 from cpupools.planning.host_plan import boot_release
 from cpupools.planning.inputs import validate_inputs
@@ -353,8 +353,8 @@ def test_kernel_arguments_in_adopt_mode_keep_the_running_cpu_lists(tmp_path):
 
 def test_kernel_cmdline_edit_keeps_the_order_and_restores_exactly():
     text = "root=/dev/sda1 ro quiet\n"
-    added = kargs.edit_cmdline(text, {"hugepagesz": "1G", "hugepages": "4"})
+    added = bootfiles.edit_cmdline(text, {"hugepagesz": "1G", "hugepages": "4"})
     assert added == "root=/dev/sda1 ro quiet hugepagesz=1G hugepages=4\n"
-    changed = kargs.edit_cmdline(added, {"hugepagesz": "1G", "hugepages": "8"})
+    changed = bootfiles.edit_cmdline(added, {"hugepagesz": "1G", "hugepages": "8"})
     assert changed == "root=/dev/sda1 ro quiet hugepagesz=1G hugepages=8\n"
-    assert kargs.edit_cmdline(changed, {"hugepagesz": None, "hugepages": None}) == text
+    assert bootfiles.edit_cmdline(changed, {"hugepagesz": None, "hugepages": None}) == text

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from cpupools.core.errors import KernelArgsError
 from cpupools.hardware.topology import gather_topology
-from cpupools.node import kargs
+from cpupools.node import bootfiles, kargs
 from cpupools.planning.plan import make_request, plan_pools
 from sysfs import Spec
 
@@ -126,7 +126,7 @@ def test_command_line_length_is_refused_with_the_numbers(make_root):
     plan = plan_for(make_root("2s8c-nosmt"), num_exclusive_cores=6, num_shared_cores=2, exclusive_mode="spread")
     args, _ = kargs.derive_kernel_args(plan, kargs.KargsOptions())
     ours = kargs.render_args(args)
-    line = kargs.project_cmdline("BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro isolcpus=9", args)
+    line = bootfiles.project_cmdline("BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro isolcpus=9", args)
     assert line == "BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro " + ours
     kargs.check_cmdline_length(line, len(line) + 1, ours, "x")  # the NUL still fits
     with pytest.raises(
@@ -172,11 +172,11 @@ def test_pending_says_what_a_kernel_with_isolated_partitions_could_take_now():
 
 def test_edit_cmdline_keeps_every_other_byte():
     original = 'root=UUID=ab ro  quiet isolcpus=2-5 splash "acpi_osi=Linux Foo"\n'
-    edited = kargs.edit_cmdline(original, {"isolcpus": "domain,1-3", "nohz_full": "1-3"})
+    edited = bootfiles.edit_cmdline(original, {"isolcpus": "domain,1-3", "nohz_full": "1-3"})
     assert edited == 'root=UUID=ab ro  quiet isolcpus=domain,1-3 splash "acpi_osi=Linux Foo" nohz_full=1-3\n'
-    assert kargs.edit_cmdline(edited, {"isolcpus": "2-5", "nohz_full": None}) == original
-    assert kargs.edit_cmdline("", {"irqaffinity": "0"}) == "irqaffinity=0"
-    assert kargs.edit_cmdline("a isolcpus=1 b isolcpus=2", {"isolcpus": "3"}) == "a b isolcpus=3"
+    assert bootfiles.edit_cmdline(edited, {"isolcpus": "2-5", "nohz_full": None}) == original
+    assert bootfiles.edit_cmdline("", {"irqaffinity": "0"}) == "irqaffinity=0"
+    assert bootfiles.edit_cmdline("a isolcpus=1 b isolcpus=2", {"isolcpus": "3"}) == "a b isolcpus=3"
 
 
 def test_grub_files_are_followed_like_the_shell():
@@ -187,11 +187,11 @@ def test_grub_files_are_followed_like_the_shell():
         'if [ -e /x ]; then\n  GRUB_TIMEOUT=1\nfi\nEXTRA="a=1"\n'
     )
     dropin = 'GRUB_CMDLINE_LINUX="$GRUB_CMDLINE_LINUX ${EXTRA} isolcpus=2-3" # tail\n'
-    ev = kargs.evaluate_grub_files([("/etc/default/grub", default), ("/etc/default/grub.d/10-x.cfg", dropin)])
-    assert kargs.grub_cmdline(ev) == "console=ttyS0 a=1 isolcpus=2-3 quiet splash"
-    assert kargs.grub_user_args(ev) == {"isolcpus": ("2-3", "/etc/default/grub.d/10-x.cfg")}
+    ev = bootfiles.evaluate_grub_files([("/etc/default/grub", default), ("/etc/default/grub.d/10-x.cfg", dropin)])
+    assert bootfiles.grub_cmdline(ev) == "console=ttyS0 a=1 isolcpus=2-3 quiet splash"
+    assert bootfiles.grub_user_args(ev) == {"isolcpus": ("2-3", "/etc/default/grub.d/10-x.cfg")}
     multi = 'GRUB_CMDLINE_LINUX="a\n b"\n'
-    assert kargs.evaluate_grub_files([("g", multi)])["GRUB_CMDLINE_LINUX"] == "a\n b"
+    assert bootfiles.evaluate_grub_files([("g", multi)])["GRUB_CMDLINE_LINUX"] == "a\n b"
 
 
 @pytest.mark.parametrize(
@@ -206,16 +206,16 @@ def test_grub_files_are_followed_like_the_shell():
 )
 def test_grub_files_we_cannot_follow_are_refused(text):
     with pytest.raises(KernelArgsError, match="cannot parse /etc/default/grub"):
-        kargs.evaluate_grub_files([("/etc/default/grub", text)])
+        bootfiles.evaluate_grub_files([("/etc/default/grub", text)])
 
 
 def test_grub_dropin_round_trip():
     args = {"isolcpus": "managed_irq,domain,1-5", "irqaffinity": "0,6-7"}
-    text = kargs.render_grub_dropin(args)
-    assert kargs.read_grub_dropin(text, "p") == args
+    text = bootfiles.render_grub_dropin(args)
+    assert bootfiles.read_grub_dropin(text, "p") == args
     assert 'GRUB_CMDLINE_LINUX="$GRUB_CMDLINE_LINUX isolcpus=managed_irq,domain,1-5 irqaffinity=0,6-7"' in text
     with pytest.raises(KernelArgsError, match="not written by cpupools"):
-        kargs.read_grub_dropin('GRUB_CMDLINE_LINUX="x"\n', "/etc/default/grub.d/99-cpupools.cfg")
+        bootfiles.read_grub_dropin('GRUB_CMDLINE_LINUX="x"\n', "/etc/default/grub.d/99-cpupools.cfg")
 
 
 GRUBBY_INFO = """index=0
@@ -235,16 +235,23 @@ non linux entry
 
 
 def test_grubby_info_and_update_argv():
-    entries = kargs.parse_grubby_info(GRUBBY_INFO)
+    entries = bootfiles.parse_grubby_info(GRUBBY_INFO)
     assert [e["index"] for e in entries] == [0, 1]
-    argv = kargs.grubby_update_argv(entries, {"isolcpus": "domain,1-3", "nohz_full": "1-3"})
-    assert argv == ["--update-kernel=ALL", "--remove-args=isolcpus", "--args=isolcpus=domain,1-3 nohz_full=1-3"]
-    assert kargs.grubby_update_argv(entries[:1], {"isolcpus": "2-5"}) is None
-    assert kargs.grubby_update_argv(entries, {"isolcpus": None}) == ["--update-kernel=ALL", "--remove-args=isolcpus"]
+    argv = bootfiles.grubby_update_argv(entries, {"isolcpus": "domain,1-3", "nohz_full": "1-3"})
+    assert argv == [
+        "--update-kernel=ALL",
+        "--remove-args=isolcpus",
+        "--args=isolcpus=domain,1-3 nohz_full=1-3",
+    ]
+    assert bootfiles.grubby_update_argv(entries[:1], {"isolcpus": "2-5"}) is None
+    assert bootfiles.grubby_update_argv(entries, {"isolcpus": None}) == [
+        "--update-kernel=ALL",
+        "--remove-args=isolcpus",
+    ]
     with pytest.raises(KernelArgsError, match="cannot parse grubby --info=ALL output line 1"):
-        kargs.parse_grubby_info("grubby: fatal error\n")
+        bootfiles.parse_grubby_info("grubby: fatal error\n")
     with pytest.raises(KernelArgsError, match="no Linux boot entry"):
-        kargs.parse_grubby_info("index=0\nnon linux entry\n")
+        bootfiles.parse_grubby_info("index=0\nnon linux entry\n")
 
 
 def test_housekeeping_outputs(plan_2s):
@@ -267,25 +274,25 @@ submenu 'Advanced options' {
 
 
 def test_grub_cfg_cmdlines_are_the_arguments_of_every_linux_line():
-    lines = kargs.grub_cfg_cmdlines(GENERATED_GRUB_CFG)
+    lines = bootfiles.grub_cfg_cmdlines(GENERATED_GRUB_CFG)
     assert lines == [
         "root=UUID=1 ro console=ttyS0 isolcpus=managed_irq,domain,1-3 quiet splash",
         "root=UUID=1 ro single console=ttyS0 isolcpus=managed_irq,domain,1-3",
     ]
-    assert kargs.grub_cfg_cmdlines("insmod blscfg\nblscfg\n") == []
+    assert bootfiles.grub_cfg_cmdlines("insmod blscfg\nblscfg\n") == []
 
 
 def test_boot_differences_accept_normal_and_recovery_entries_and_compare_by_meaning():
-    booted = kargs.grub_cfg_cmdlines(GENERATED_GRUB_CFG)
+    booted = bootfiles.grub_cfg_cmdlines(GENERATED_GRUB_CFG)
     # Compared by meaning: the same flags and CPUs written another way agree.
     same = ["isolcpus=domain,managed_irq,1,2,3 quiet splash", "isolcpus=managed_irq,domain,1-3"]
-    assert kargs.boot_differences("/boot/grub/grub.cfg", booted, same) == []
+    assert bootfiles.boot_differences("/boot/grub/grub.cfg", booted, same) == []
     # A normal entry may carry GRUB_CMDLINE_LINUX_DEFAULT, a recovery entry not: either expectation will do.
     default_only = ["isolcpus=managed_irq,domain,1-3 nohz_full=1", "isolcpus=managed_irq,domain,1-3"]
-    assert kargs.boot_differences("/boot/grub/grub.cfg", booted, default_only) == []
-    assert kargs.boot_differences("/boot/grub/grub.cfg", booted, default_only[:1]) != []
+    assert bootfiles.boot_differences("/boot/grub/grub.cfg", booted, default_only) == []
+    assert bootfiles.boot_differences("/boot/grub/grub.cfg", booted, default_only[:1]) != []
     wanted = ["isolcpus=managed_irq,domain,1-5 nohz_full=1-3"]
-    diffs = kargs.boot_differences("/boot/grub/grub.cfg", booted, wanted)
+    diffs = bootfiles.boot_differences("/boot/grub/grub.cfg", booted, wanted)
     assert diffs == [
         {"file": "/boot/grub/grub.cfg", "entry": n, "arg": arg, "boots": boots, "configured": configured}
         for n in (1, 2)
@@ -294,7 +301,7 @@ def test_boot_differences_accept_normal_and_recovery_entries_and_compare_by_mean
             ("nohz_full", None, "1-3"),
         )
     ]
-    assert kargs.describe_differences(diffs) == (
+    assert bootfiles.describe_differences(diffs) == (
         "/boot/grub/grub.cfg entry 1 boots isolcpus=managed_irq,domain,1-3, "
         "configured isolcpus=managed_irq,domain,1-5; "
         "/boot/grub/grub.cfg entry 1 boots nohz_full=(none), configured nohz_full=1-3; "
@@ -302,10 +309,10 @@ def test_boot_differences_accept_normal_and_recovery_entries_and_compare_by_mean
         "configured isolcpus=managed_irq,domain,1-5; "
         "/boot/grub/grub.cfg entry 2 boots nohz_full=(none), configured nohz_full=1-3"
     )
-    assert kargs.describe_differences(diffs + diffs).endswith("; and 4 more")
+    assert bootfiles.describe_differences(diffs + diffs).endswith("; and 4 more")
 
 
 def test_bls_entry_keys():
     text = "# comment\ntitle Fedora Linux\nversion 6.8.5-301.fc40.x86_64\noptions root=UUID=1 ro isolcpus=2\n"
-    entry = kargs.bls_entry(text)
+    entry = bootfiles.bls_entry(text)
     assert entry["version"] == "6.8.5-301.fc40.x86_64" and entry["options"] == "root=UUID=1 ro isolcpus=2"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from cpupools.hardware.topology import gather_topology
-from cpupools.node import kargs
+from cpupools.node import bootfiles, kargs
 from cpupools.planning.plan import make_request, plan_pools
 from helpers import REPO, plan_play_files, tree_snapshot
 from test_kernel_args_module import FAKES, RELEASE, USER_GRUB, commands, contents, make_backend_root
@@ -158,7 +158,7 @@ def test_real_grub_mkconfig_renders_our_arguments_into_every_linux_line(make_roo
     default = tmp_path / "default"
     (default / "grub.d").mkdir(parents=True)
     (default / "grub").write_text(USER_GRUB)
-    (default / "grub.d" / "99-cpupools.cfg").write_text(kargs.render_grub_dropin(args))
+    (default / "grub.d" / "99-cpupools.cfg").write_text(bootfiles.render_grub_dropin(args))
     grubd = tmp_path / "grub.d"
     grubd.mkdir()
     for name in ("00_header", "10_linux"):  # 05_debian_theme left out: it probes the real /boot

@@ -1,7 +1,8 @@
 """The boot-loader backends: write the owned kernel arguments, regenerate, verify.
 
-``kargs.py`` derives the arguments and parses the boot loaders' files (text in,
-text out); this module does the host side, under a root directory:
+``kargs.py`` derives the arguments and ``bootfiles.py`` parses and renders the
+boot loaders' files (text in, text out); this module does the host side,
+under a root directory:
 
 * ``Host``: reads and writes files under ``root`` (and reads what the running
   kernel reports under ``facts_root``), finds programs, runs every command
@@ -30,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from ..core.cpulist import cmdline_spans
 from ..core.errors import KernelArgsError
 from ..core.files import replace_file
-from . import kargs
+from . import bootfiles, kargs
 
 BIN_DIRS = ("usr/local/sbin", "usr/local/bin", "usr/sbin", "usr/bin", "sbin", "bin")
 #: The generated GRUB configuration each update tool writes (relative to the root).
@@ -316,16 +317,16 @@ def grub_backend(host: Host, params: Mapping, desired: Mapping[str, str]) -> dic
         for entry in host.listdir(rel_dir)
         if entry.endswith(".cfg") and entry != f"{name}.cfg"
     ]
-    user_eval = kargs.evaluate_grub_files([("/etc/default/grub", default_text), *others])
+    user_eval = bootfiles.evaluate_grub_files([("/etc/default/grub", default_text), *others])
     old_text = host.read(ours_rel)
-    old_args = kargs.read_grub_dropin(old_text, "/" + ours_rel) if old_text is not None else {}
-    user_args = kargs.grub_user_args(user_eval)
+    old_args = bootfiles.read_grub_dropin(old_text, "/" + ours_rel) if old_text is not None else {}
+    user_args = bootfiles.grub_user_args(user_eval)
     notes = []
     ours = {}
     for key, value in desired.items():
         if key in user_args:
             user_value, where = user_args[key]
-            if kargs._normal(key, user_value) == kargs._normal(key, value):
+            if kargs.normal_value(key, user_value) == kargs.normal_value(key, value):
                 notes.append(
                     f"{key}={user_value} is already set in {where}; cpupools leaves it there and does not repeat it"
                 )
@@ -336,14 +337,14 @@ def grub_backend(host: Host, params: Mapping, desired: Mapping[str, str]) -> dic
                 _field(key),
             )
         ours[key] = value
-    new_text = kargs.render_grub_dropin(ours) if ours else None
+    new_text = bootfiles.render_grub_dropin(ours) if ours else None
 
     def evaluated(text: str | None) -> dict:
         files = sorted([*others, (f"/{ours_rel}", text or "")], key=lambda item: os.path.basename(item[0]))
-        return kargs.evaluate_grub_files([("/etc/default/grub", default_text), *files])
+        return bootfiles.evaluate_grub_files([("/etc/default/grub", default_text), *files])
 
     final = evaluated(new_text)
-    final_line = kargs.grub_cmdline(final)
+    final_line = bootfiles.grub_cmdline(final)
     final_owned = kargs.owned_values(final_line)
     for key, value in ours.items():
         if final_owned.get(key, [None])[-1] != value:
@@ -357,7 +358,7 @@ def grub_backend(host: Host, params: Mapping, desired: Mapping[str, str]) -> dic
         "rel": ours_rel,
         "old_text": old_text,
         "new_text": new_text,
-        "before_line": kargs.grub_cmdline(evaluated(old_text)),
+        "before_line": bootfiles.grub_cmdline(evaluated(old_text)),
         "after_line": final_line,
         # A recovery entry has GRUB_CMDLINE_LINUX alone, a normal one GRUB_CMDLINE_LINUX_DEFAULT too.
         "boot_lines": [final_line, final["GRUB_CMDLINE_LINUX"].strip()],
@@ -403,7 +404,7 @@ def cmdline_backend(host: Host, params: Mapping, desired: Mapping[str, str], rec
     else:
         changes = dict(entry["original"])
         entry["original"] = {}
-    new_text: str | None = kargs.edit_cmdline(text, changes)
+    new_text: str | None = bootfiles.edit_cmdline(text, changes)
     if params["state"] == "absent":
         if entry.get("created"):
             new_text = None  # cpupools created the file: removing it restores the original state
@@ -432,7 +433,7 @@ def grubby_backend(host: Host, params: Mapping, desired: Mapping[str, str], reco
     tool = host.resolve("grubby")
     if tool is None:  # detect() chose this backend because it found grubby
         raise KernelArgsError("grubby is no longer on PATH under the root", "kernel_args_backend")
-    entries = kargs.parse_grubby_info(host.run([tool, "--info=ALL"], writes=False))
+    entries = bootfiles.parse_grubby_info(host.run([tool, "--info=ALL"], writes=False))
     first = entries[0]["args"]
     entry = record.entry("grubby")
     if params["state"] == "present":
@@ -442,9 +443,9 @@ def grubby_backend(host: Host, params: Mapping, desired: Mapping[str, str], reco
         entry["original"] = {}
     if not entry["original"]:
         record.drop("grubby")
-    argv = kargs.grubby_update_argv(entries, changes)
-    after = kargs.edit_cmdline(first, changes)
-    longest = max((kargs.edit_cmdline(e["args"], changes) for e in entries), key=len)
+    argv = bootfiles.grubby_update_argv(entries, changes)
+    after = bootfiles.edit_cmdline(first, changes)
+    longest = max((bootfiles.edit_cmdline(e["args"], changes) for e in entries), key=len)
     owned = {k: v[-1] for k, v in kargs.owned_values(after).items() if v and v[-1] is not None}
     return {
         "rel": "",
@@ -472,7 +473,7 @@ def boot_config(host: Host, backend: str, update_argv: Sequence[str] | None, rel
     if backend == "grub" and update_argv:
         rel = grub_cfg_rel(update_argv)
         text = host.read(rel)
-        lines = kargs.grub_cfg_cmdlines(text) if text is not None else []
+        lines = bootfiles.grub_cfg_cmdlines(text) if text is not None else []
         # A BLS-style grub.cfg (blscfg) has no linux lines: its entries are grubby's.
         return {"path": "/" + rel, "cmdlines": lines} if lines else None
     if backend == "kernel-install" and update_argv and release:
@@ -481,7 +482,7 @@ def boot_config(host: Host, backend: str, update_argv: Sequence[str] | None, rel
             for name in host.listdir(rel_dir):
                 if not name.endswith(".conf"):
                     continue
-                entry = kargs.bls_entry(host.read(f"{rel_dir}/{name}") or "")
+                entry = bootfiles.bls_entry(host.read(f"{rel_dir}/{name}") or "")
                 if entry.get("version") == release or (not entry.get("version") and release in name):
                     lines.append(entry.get("options", ""))
             if lines:
@@ -494,7 +495,7 @@ def boot_differences(host: Host, backend: str, update_argv, release, result: Map
     config = boot_config(host, backend, update_argv, release)
     if config is None:
         return "", []
-    return config["path"], kargs.boot_differences(config["path"], config["cmdlines"], result["boot_lines"])
+    return config["path"], bootfiles.boot_differences(config["path"], config["cmdlines"], result["boot_lines"])
 
 
 def restore(host: Host, rel: str, text: str | None) -> None:
@@ -542,7 +543,7 @@ def compute(host: Host, params: Mapping) -> tuple[str, dict, dict]:
         f"in the boot configuration ({backend})",
     )
     kargs.check_cmdline_length(
-        kargs.project_cmdline(running, configured), options.command_line_size, ours, "at the next boot"
+        bootfiles.project_cmdline(running, configured), options.command_line_size, ours, "at the next boot"
     )
     context = {
         "running": running,
@@ -604,8 +605,8 @@ def converge(host: Host, params: Mapping) -> dict:
         cfg_path, stale = boot_differences(host, backend, update_argv, release, result)
         if stale and not file_changed and update != "only":
             repairs.append(
-                f"the boot configuration disagrees with the kernel arguments ({kargs.describe_differences(stale)}); "
-                "regenerating it"
+                "the boot configuration disagrees with the kernel arguments "
+                f"({bootfiles.describe_differences(stale)}); regenerating it"
             )
             warnings.append(repairs[-1])
     needs_update = bool(update_argv) and (file_changed or bool(stale))
@@ -623,7 +624,7 @@ def converge(host: Host, params: Mapping) -> dict:
                 if after:
                     raise KernelArgsError(
                         f"{' '.join(update_argv)} ran, but the boot configuration still disagrees with the kernel "
-                        f"arguments: {kargs.describe_differences(after)}. The next run tries again",
+                        f"arguments: {bootfiles.describe_differences(after)}. The next run tries again",
                         "kernel_args_backend",
                     )
                 stale = []
