@@ -25,6 +25,7 @@ RESOURCES = {
     "example.com/" + "x" * 64: False,
     "a" * 244 + "/x": True,  # requests.<244 characters> is the longest prefix a quota can name
     "a" * 245 + "/x": False,
+    "example.com/x\n": False,  # a regular expression's $ would take the newline
 }
 
 
@@ -41,7 +42,13 @@ def test_the_inputs_and_the_api_side_agree_on_an_extended_resource_name(name, va
 
 @pytest.mark.parametrize(
     ("key", "valid"),
-    [("example.com/inject", True), ("inject", False), ("EXAMPLE.com/x", False), ("example.com/x-", False)],
+    [
+        ("example.com/inject", True),
+        ("inject", False),
+        ("EXAMPLE.com/x", False),
+        ("example.com/x-", False),
+        ("example.com\n/x", False),
+    ],
 )
 def test_the_inputs_and_the_api_side_agree_on_a_label_key_with_a_domain(key, valid):
     for check in (lambda: to_label_key(key, "k8s_admission_opt_in"), lambda: check_qualified_name(key, "k", "x", True)):

@@ -17,12 +17,13 @@ import re
 from .errors import show
 
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+# \Z, not $: $ also matches before a last newline, and a name with one is not a name.
 #: A DNS-1123 subdomain (node names, label and resource prefixes): at most 253 characters.
-DNS_SUBDOMAIN = re.compile(rf"^(?=.{{1,253}}$){_DNS_LABEL}(\.{_DNS_LABEL})*$")
+DNS_SUBDOMAIN = re.compile(rf"^(?=.{{1,253}}\Z){_DNS_LABEL}(\.{_DNS_LABEL})*\Z")
 #: The name part of a qualified name: 1-63 characters, alphanumeric at both ends.
-NAME = re.compile(r"^(?=.{1,63}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+NAME = re.compile(r"^(?=.{1,63}\Z)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?\Z")
 #: A label value: a name part, or empty.
-LABEL_VALUE = re.compile(r"^((?=.{1,63}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
+LABEL_VALUE = re.compile(r"^((?=.{1,63}\Z)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?\Z")
 #: Kubernetes' own resources: any name with this in it (``IsPrefixedNativeResource``).
 NATIVE_PREFIX = "kubernetes.io/"
 #: The prefix of a quota's resource names; an extended resource may not start with it.
