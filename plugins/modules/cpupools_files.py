@@ -170,7 +170,7 @@ def shown(data):
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
-        return f"({len(data)} bytes, sha256 {hashlib.sha256(data).hexdigest()})\n"
+        text = "\0"
     return text if "\0" not in text else f"({len(data)} bytes, sha256 {hashlib.sha256(data).hexdigest()})\n"
 
 
@@ -254,17 +254,16 @@ def main():
         why = None if wanted["wanted"] else "the plan does not want this file written"
         if not why:
             try:
-                int(wanted["mode"], 8)
+                mode = int(wanted["mode"], 8)
             except ValueError:
                 why = f"mode {wanted['mode']!r} is not octal"
         if not why:
             content, why = content_of(wanted)
-            contents.append((wanted, content))
+            contents.append((wanted, content, mode))
         if why:
             module.fail_json(msg=f"cpupools_files: {wanted['path']}: {why}")
     results, diffs = [], []
-    for wanted, content in contents:
-        mode = int(wanted["mode"], 8)
+    for wanted, content, mode in contents:
         path = under(root, wanted["path"])
         try:
             why, before = difference(path, content, mode)
