@@ -137,8 +137,8 @@ def plan_play_files(variables: dict, host: str = "localhost") -> dict:
     own, with a plan it gives as ``cpupools_plan``, gives these too: rendered
     by the same functions, from the same variables and plan.
     """
-    from cpupools.node.converge import desired_files, node_pid_namespace
     from cpupools.node.kargs import housekeeping_outputs
+    from cpupools.node.stage_check import desired_files, node_pid_namespace
     from cpupools.planning.inputs import validate_inputs
 
     values = validate_inputs({k: v for k, v in variables.items() if k != "cpupools_plan"}).values

@@ -171,8 +171,8 @@ topology_json:
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.core import errors
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.hardware import topology as topo
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node import converge, hugepages
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node.nodecode import parse_build
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node import hugepages, stage_check
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node.agent_files import parse_build
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node.state_writer import group_id
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.planning import host_plan, inputs
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.planning import plan as planner
@@ -216,12 +216,12 @@ def main():
         inputs.check_root(values["root"])
         inputs.check_group(values["task_group"])
         plan = host_plan.plan_host(topology, facts, values, planner.make_request(checked.request()), module.run_command)
-        result.update(plan=plan, inputs=values, exports=dict.fromkeys(converge.EXPORTS))
-        result["cmk_v15"] = converge.cmk_v15_configmap(values, host or "")
+        result.update(plan=plan, inputs=values, exports=dict.fromkeys(stage_check.EXPORTS))
+        result["cmk_v15"] = stage_check.cmk_v15_configmap(values, host or "")
         stages = {}
         if params["compare"] and values["state"] == "present":
             group = values["task_group"]
-            node = converge.check_node(
+            node = stage_check.check_node(
                 values,
                 plan,
                 host or "",
@@ -241,12 +241,12 @@ def main():
     except errors.CpupoolsError as exc:
         module.fail_json(msg=exc.describe(host))
     enabled = params["compare"] and values["converged_check"]
-    pending = converge.todo(stages, enabled, values["state"])
-    result.update(todo=pending, converged=[name for name in converge.STAGES if name not in pending])
-    skip = converge.k8s_skip_reason(values)
+    pending = stage_check.todo(stages, enabled, values["state"])
+    result.update(todo=pending, converged=[name for name in stage_check.STAGES if name not in pending])
+    skip = stage_check.k8s_skip_reason(values)
     result["k8s_skip_reason"] = skip
     if skip and values["state"] == "present":
-        result["exports"]["cpupools_k8s_status"] = converge.k8s_skipped_status(skip)
+        result["exports"]["cpupools_k8s_status"] = stage_check.k8s_skipped_status(skip)
     for warning in plan["warnings"]:
         module.warn(say(warning))
     module.exit_json(changed=False, **result)

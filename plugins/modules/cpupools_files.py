@@ -12,7 +12,7 @@ description:
     over the old one), owned by root, creating missing parent directories
     (mode 0755, root). A file already as wanted is not touched (its mtime stays).
   - One module run for all of a stage's small files (the plan play's
-    C(cpupools_converged) renders them, plugins/module_utils/cpupools/node/converge.py),
+    C(cpupools_converged) renders them, plugins/module_utils/cpupools/node/stage_check.py),
     where a C(copy) loop runs one or two per file.
   - Removes each path of O(remove) that is there (a file, a symbolic link, or a
     directory with all it holds), in the same run, where a C(file) loop runs one per path.
@@ -125,7 +125,7 @@ import shutil
 import stat
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node.nodecode import under
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node.agent_files import under
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node.state import atomic_write
 
 ARGUMENT_SPEC = {
@@ -165,7 +165,7 @@ def difference(path, content, mode):
     return None, old
 
 
-def shown(data):
+def diff_view(data):
     """``data`` for a diff: its text, or for bytes that are not text their size and digest."""
     try:
         text = data.decode("utf-8")
@@ -280,8 +280,8 @@ def main():
                 {
                     "before_header": wanted["path"],
                     "after_header": wanted["path"],
-                    "before": shown(before),
-                    "after": shown(content),
+                    "before": diff_view(before),
+                    "after": diff_view(content),
                 }
             )
     for wanted_gone in module.params["remove"]:

@@ -260,7 +260,7 @@ import socket
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.core.errors import CpupoolsError
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node import bootloader, kargs
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node.converge import kernel_exports
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node.stage_check import kernel_exports
 
 ARGUMENT_SPEC = {
     "state": {"type": "str", "choices": ["present", "absent"], "default": "present"},
@@ -298,7 +298,7 @@ def main():
         move=module.atomic_move,
     )
     try:
-        result = bootloader.converge(host, params)
+        result = bootloader.write_boot_config(host, params)
     except CpupoolsError as exc:
         module.fail_json(msg=exc.describe(params["host"] or socket.gethostname()), commands=host.commands)
     warnings, repairs = result.pop("warnings"), result.pop("repairs")

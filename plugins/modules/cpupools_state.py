@@ -173,8 +173,8 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.core.errors import CpupoolsError
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node.cmk15 import traces_on_node
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node.state import shown
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node.state_writer import converge, group_id
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node.state import as_given
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node.state_writer import apply_state, group_id
 
 ARGUMENT_SPEC = {
     "root": {"type": "path", "default": "/"},
@@ -202,7 +202,7 @@ def main():
     params = module.params
     conf_dir = os.path.join(params["root"], params["conf_dir"].lstrip("/"))
     try:
-        result = converge(
+        result = apply_state(
             conf_dir,
             params["plan"],
             present=params["state"] == "present",
@@ -221,7 +221,7 @@ def main():
         module.fail_json(msg=exc.describe(params["host"]))
     except OSError as exc:  # the node's file system refused a write (read-only, full, ...)
         prefix = f"host {params['host']}: " if params["host"] else ""
-        where = f" ({shown(str(exc.filename))})" if exc.filename else ""
+        where = f" ({as_given(str(exc.filename))})" if exc.filename else ""
         module.fail_json(msg=f"{prefix}cpupools_state: cannot write the pool state: {exc.strerror or exc}{where}")
     result["state_warnings"] = result.pop("warnings")
     for warning in result["state_warnings"]:

@@ -294,11 +294,11 @@ def test_the_module_repairs_a_world_readable_lock_and_says_so(world):
     conf, lock = world["conf"], world["conf"] / "lock"
     os.chown(lock, 0, 0)
     lock.chmod(0o644)
-    check = sw.converge(str(conf), PLAN_2X, task_gid=world["group"], check_mode=True)
+    check = sw.apply_state(str(conf), PLAN_2X, task_gid=world["group"], check_mode=True)
     assert check["changed"] is True and lock.stat().st_mode & 0o7777 == 0o644  # predicted, not done
-    assert sw.converge(str(conf), PLAN_2X, task_gid=world["group"])["changed"] is True
+    assert sw.apply_state(str(conf), PLAN_2X, task_gid=world["group"])["changed"] is True
     assert (lock.stat().st_mode & 0o7777, lock.stat().st_gid) == (0o640, world["group"])
-    assert sw.converge(str(conf), PLAN_2X, task_gid=world["group"])["changed"] is False
+    assert sw.apply_state(str(conf), PLAN_2X, task_gid=world["group"])["changed"] is False
     res = as_user(world, "outsider", [world["cmk"], "describe", f"--conf-dir={conf}"])
     assert res.returncode == 77
 
@@ -353,7 +353,7 @@ def test_a_conf_dir_planted_in_a_sticky_directory_is_refused_before_any_write(wo
     message = REFUSAL[how].format(conf=conf, member=world["member"], shared=sticky["shared"])
     for check_mode in (True, False):
         with pytest.raises(StateError) as exc:
-            sw.converge(str(conf), PLAN_2X, task_gid=world["group"], check_mode=check_mode)
+            sw.apply_state(str(conf), PLAN_2X, task_gid=world["group"], check_mode=check_mode)
         assert f"refusing the state directory {message}" in str(exc.value) and exc.value.field == "conf_dir"
     for sub, extra in (("reconcile", []), ("describe", []), ("isolate", ["--pool=exclusive", "true"])):
         res = subprocess.run(
@@ -378,7 +378,7 @@ def victim_intact_but(world, *also: str) -> None:
 def test_a_conf_dir_of_root_in_a_sticky_directory_is_used(world, sticky):
     """The same place, made by root: a sticky directory keeps the member from replacing it, so it is fine."""
     conf = sticky["shared"] / "cmk"
-    result = sw.converge(str(conf), PLAN_2X, task_gid=world["group"])
+    result = sw.apply_state(str(conf), PLAN_2X, task_gid=world["group"])
     assert result["changed"] is True and (conf / "pools").is_dir()
     res = as_user(world, "member", [world["cmk"], "isolate", f"--conf-dir={conf}", "--pool=exclusive", "true"])
     assert res.returncode == 0, res.stderr

@@ -302,25 +302,25 @@ def test_an_interrupted_swap_is_predicted_in_check_mode_and_finished_by_the_next
     os.rename(conf / "pools", conf / st.OLD_TREE)
     shutil.copytree(conf / st.OLD_TREE, conf / st.NEW_TREE)
     before = sorted(p.name for p in conf.iterdir())
-    check = sw.converge(str(conf), PLAN_2X, check_mode=True, update_affinity=False)
+    check = sw.apply_state(str(conf), PLAN_2X, check_mode=True, update_affinity=False)
     assert check["changed"] is True and check["live_tasks"] == [os.getpid()]
     assert "was missing after an interrupted write" in check["warnings"][0]
     assert sorted(p.name for p in conf.iterdir()) == before  # check mode renamed nothing
-    real = sw.converge(str(conf), PLAN_2X, update_affinity=False)
+    real = sw.apply_state(str(conf), PLAN_2X, update_affinity=False)
     assert real["changed"] is True and real["tasks"]["exclusive"] == {"0": [], "1": [os.getpid()]}
     assert sorted(p.name for p in conf.iterdir()) == ["cpupools.json", "cpupools.order", "lock", "pools"]
-    assert sw.converge(str(conf), PLAN_2X, update_affinity=False)["changed"] is False
+    assert sw.apply_state(str(conf), PLAN_2X, update_affinity=False)["changed"] is False
 
 
 def test_temporary_metadata_files_of_a_killed_run_are_removed(tmp_path):
     conf = write_plan_state(tmp_path / "cmk", PLAN_2X)
-    sw.converge(str(conf), PLAN_2X, update_affinity=False)
+    sw.apply_state(str(conf), PLAN_2X, update_affinity=False)
     (conf / ".cpupools.json.4242.tmp").write_text("{")  # killed inside atomic_write
-    assert sw.converge(str(conf), PLAN_2X, check_mode=True)["changed"] is True
+    assert sw.apply_state(str(conf), PLAN_2X, check_mode=True)["changed"] is True
     assert (conf / ".cpupools.json.4242.tmp").exists()
-    assert sw.converge(str(conf), PLAN_2X)["changed"] is True
+    assert sw.apply_state(str(conf), PLAN_2X)["changed"] is True
     assert not (conf / ".cpupools.json.4242.tmp").exists()
-    assert sw.converge(str(conf), PLAN_2X)["changed"] is False
+    assert sw.apply_state(str(conf), PLAN_2X)["changed"] is False
 
 
 @pytest.mark.parametrize("meanwhile", ["joined", "swapped", "cleaned"])

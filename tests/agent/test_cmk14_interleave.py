@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from agent_support import agent_env, make_plan, write_plan_state
-from cpupools.node import converge
+from cpupools.node import stage_check
 from cpupools.node import state as st
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -46,8 +46,8 @@ def test_cmk14_and_cpupools_agents_never_hand_one_list_to_two_live_processes(cmk
     # The node's PID namespace is the one this test runs in, as the agent role records it on a node:
     # the machine's, or (scripts/test.sh) one of its own with its own /proc, where the ns_last_pid
     # writes move that namespace's counter only.
-    pid_ns = converge.node_pid_namespace()
-    (conf / st.AGENT_SETTINGS).write_text(converge.render_agent_settings(pid_ns, isolate_shell=False))
+    pid_ns = stage_check.node_pid_namespace()
+    (conf / st.AGENT_SETTINGS).write_text(stage_check.render_agent_settings(pid_ns, isolate_shell=False))
     work = tmp_path / "work"
     work.mkdir()
     res = subprocess.run(

@@ -1,6 +1,6 @@
 """The state module killed at every step and every system call of its write path; any entry point recovers (issue 11).
 
-The module's work (``state_writer.converge``, what ``cpupools_state`` runs)
+The module's work (``state_writer.apply_state``, what ``cpupools_state`` runs)
 is run in a child process, a driver that replaces the writer's ``_step``
 (which does nothing in production) with one that counts the steps. The first
 test has it end the process with ``os._exit`` at the N-th write step, as
@@ -73,7 +73,7 @@ def step():
     if crash_at == str(steps[0]):
         os._exit(99)
 sw._step = step
-result = sw.converge(sys.argv[2], json.loads(sys.argv[3]), proc_fs=sys.argv[4])
+result = sw.apply_state(sys.argv[2], json.loads(sys.argv[3]), proc_fs=sys.argv[4])
 print(json.dumps({"changed": result["changed"], "affinity": result["affinity"], "steps": steps[0]}))
 """
 

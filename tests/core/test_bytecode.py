@@ -22,7 +22,7 @@ PACKAGE = REPO / "plugins" / "module_utils" / "cpupools"
 IN_ZIP = "ansible_collections/cpupools/cpupools/plugins/module_utils/cpupools"
 NAME = IN_ZIP.replace("/", ".")
 #: What the probe imports: a module with a deep closure (the converged check's).
-TARGET = f"{NAME}.node.converge"
+TARGET = f"{NAME}.node.stage_check"
 
 PROBE = r"""
 import builtins, json, sys, traceback
@@ -180,7 +180,7 @@ def test_a_directory_others_could_write_is_not_used(tmp_path, cache, unsafe):
         directory.write_text("")
     out = probe(zip_path, env)
     # Every module compiled from the payload's source, and it works; the entries are not touched.
-    assert "node/converge.py" in out["compiled"] and out["parsed"] == [0, 1, 2, 3, 8]
+    assert "node/stage_check.py" in out["compiled"] and out["parsed"] == [0, 1, 2, 3, 8]
     if unsafe in ("group-writable", "parent-world-writable"):
         assert entries(directory) == stored
 

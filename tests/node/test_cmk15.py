@@ -128,11 +128,11 @@ def test_live_v15_tasks_are_carried_and_dead_ones_left_out(tmp_path, running):
         "tasks": {"exclusive": {"0": {"2,46": [live]}, "1": {"23,67": [dead]}}, "shared": {"0": {"3,47,4,48": [live]}}},
     }
     with pytest.raises(StateError) as exc:  # CMK v1.5 on the node and its lists not read: refused
-        sw.converge(str(conf), PLAN, cmk15_traces="/opt/bin/cmk is CMK's cmk", update_affinity=False)
+        sw.apply_state(str(conf), PLAN, cmk15_traces="/opt/bin/cmk is CMK's cmk", update_affinity=False)
     assert exc.value.field == "k8s_kubeconfig" and not conf.exists()
-    check = sw.converge(str(conf), PLAN, cmk_v15=v15, cmk15_traces="x", check_mode=True, update_affinity=False)
+    check = sw.apply_state(str(conf), PLAN, cmk_v15=v15, cmk15_traces="x", check_mode=True, update_affinity=False)
     assert check["changed"] and not conf.exists()
-    result = sw.converge(str(conf), PLAN, cmk_v15=v15, cmk15_traces="x", update_affinity=False)
+    result = sw.apply_state(str(conf), PLAN, cmk_v15=v15, cmk15_traces="x", update_affinity=False)
     assert result["cmk_v15"] == {
         "configmaps": ["default/cmk-config-node7"],
         "live": [live],
@@ -143,7 +143,7 @@ def test_live_v15_tasks_are_carried_and_dead_ones_left_out(tmp_path, running):
     assert (conf / "pools/exclusive/1/23,67/tasks").read_text() == ""
     assert (conf / "pools/shared/0/3,4,47,48/tasks").read_text() == str(live)  # CMK's core-by-core name, same CPUs
     # Carried once: the next run with the same ConfigMap changes nothing.
-    again = sw.converge(str(conf), PLAN, cmk_v15=v15, update_affinity=False)
+    again = sw.apply_state(str(conf), PLAN, cmk_v15=v15, update_affinity=False)
     assert again["changed"] is False and again["cmk_v15"]["carried"] == []
 
 
@@ -151,6 +151,6 @@ def test_a_read_that_found_no_configmap_lets_the_state_start_empty(tmp_path):
     """A foreign cmk but no v1.5 ConfigMap in the cluster: nothing to carry, nothing refused."""
     conf = tmp_path / "cmk"
     nothing = {"configmaps": [], "tasks": {}}
-    result = sw.converge(str(conf), PLAN, cmk_v15=nothing, cmk15_traces="x", update_affinity=False)
+    result = sw.apply_state(str(conf), PLAN, cmk_v15=nothing, cmk15_traces="x", update_affinity=False)
     assert result["changed"] and result["cmk_v15"] == {"configmaps": [], "live": [], "dead": [], "carried": []}
     assert (conf / "pools/exclusive/0/1,45/tasks").read_text() == ""

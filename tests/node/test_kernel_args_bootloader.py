@@ -58,9 +58,9 @@ def params(root: Path, backend: str, **extra) -> dict:
     }
 
 
-def converge(root: Path, p: dict, check: bool = False, runner: Runner | None = None, facts_root=None) -> dict:
+def write_boot_config(root: Path, p: dict, check: bool = False, runner: Runner | None = None, facts_root=None) -> dict:
     host = bootloader.Host(str(root), runner or Runner(), wrapper=[], check_mode=check, facts_root=facts_root)
-    return bootloader.converge(host, p)
+    return bootloader.write_boot_config(host, p)
 
 
 @pytest.mark.parametrize("backend", ["grub", "grubby", "kernel-install"])
@@ -69,13 +69,13 @@ def test_check_mode_records_exactly_the_actions_of_the_real_run_and_does_none(ma
     p = params(root, backend)
     before = tree_snapshot(root)
     runner = Runner()
-    predicted = converge(root, p, check=True, runner=runner)
+    predicted = write_boot_config(root, p, check=True, runner=runner)
     assert tree_snapshot(root) == before
     assert all("--info=ALL" in " ".join(argv) for argv in runner.ran), runner.ran  # reads only
-    real = converge(root, p)
+    real = write_boot_config(root, p)
     assert predicted["actions"] == real["actions"] and real["changed"] is True
     assert tree_snapshot(root) != before
-    again = converge(root, p)
+    again = write_boot_config(root, p)
     assert again["actions"] == [] and again["changed"] is False
 
 
@@ -83,12 +83,12 @@ def test_grub_cfg_that_missed_the_update_is_regenerated_and_the_difference_repor
     root = make_backend_root(make_root, "grub")
     p = params(root, "grub")
     # The update failed once: the drop-in is written, grub.cfg is the old one.
-    assert converge(root, {**p, "update": "never"})["actions"][0] == f"write /{DROPIN}"  # the role's task
+    assert write_boot_config(root, {**p, "update": "never"})["actions"][0] == f"write /{DROPIN}"  # the role's task
     with pytest.raises(KernelArgsError, match="update-grub failed \\(exit 1\\)"):  # its handler
-        converge(root, {**p, "update": "only"}, runner=Runner({"FAKE_UPDATE_GRUB_FAIL": "1"}))
+        write_boot_config(root, {**p, "update": "only"}, runner=Runner({"FAKE_UPDATE_GRUB_FAIL": "1"}))
     assert (root / DROPIN).exists() and "isolcpus" not in (root / GRUB_CFG).read_text()
 
-    stale = converge(root, {**p, "update": "never"})
+    stale = write_boot_config(root, {**p, "update": "never"})
     assert stale["changed"] is True and stale["update_needed"] is True
     assert stale["actions"] == [f"regenerate the boot configuration ({root}/usr/sbin/update-grub)"]
     diffs = stale["boot_config"]["differences"]
@@ -98,10 +98,10 @@ def test_grub_cfg_that_missed_the_update_is_regenerated_and_the_difference_repor
     assert all(d["boots"] is None and d["configured"] for d in diffs)
     assert any("disagrees with the kernel arguments" in w for w in stale["warnings"])
 
-    repaired = converge(root, {**p, "update": "only"})
+    repaired = write_boot_config(root, {**p, "update": "only"})
     assert repaired["actions"] == [f"run {root}/usr/sbin/update-grub"]
     assert "isolcpus=managed_irq,domain," in (root / GRUB_CFG).read_text()
-    settled = converge(root, {**p, "update": "never"})
+    settled = write_boot_config(root, {**p, "update": "never"})
     assert settled["changed"] is False and settled["boot_config"]["differences"] == []
 
 
@@ -112,7 +112,7 @@ def test_an_update_that_does_not_take_is_an_error_and_the_dropin_is_rolled_back(
     tool.write_text("#!/bin/sh\nexit 0\n")
     before = tree_snapshot(root)
     with pytest.raises(KernelArgsError) as err:
-        converge(root, params(root, "grub"))
+        write_boot_config(root, params(root, "grub"))
     msg = str(err.value)
     assert msg.startswith(f"{tool} ran, but the boot configuration still disagrees with the kernel arguments: ")
     assert "/boot/grub/grub.cfg entry 1 boots isolcpus=(none), configured isolcpus=managed_irq,domain," in msg
@@ -123,10 +123,10 @@ def test_an_update_that_does_not_take_is_an_error_and_the_dropin_is_rolled_back(
 def test_kernel_install_entry_that_missed_the_update_is_regenerated(make_root):
     root = make_backend_root(make_root, "kernel-install")
     p = params(root, "kernel-install")
-    converge(root, {**p, "update": "never"})
+    write_boot_config(root, {**p, "update": "never"})
     entry = root / f"boot/loader/entries/fixture-{RELEASE}.conf"
     assert "isolcpus" not in entry.read_text()
-    stale = converge(root, {**p, "update": "never"})
+    stale = write_boot_config(root, {**p, "update": "never"})
     assert stale["update_needed"] is True
     assert stale["boot_config"]["path"] == "/boot/loader/entries"
     assert {d["arg"] for d in stale["boot_config"]["differences"]} == {
@@ -135,29 +135,29 @@ def test_kernel_install_entry_that_missed_the_update_is_regenerated(make_root):
         "rcu_nocbs",
         "irqaffinity",
     }
-    fixed = converge(root, p)
+    fixed = write_boot_config(root, p)
     assert fixed["actions"] == [
         f"run {root}/usr/sbin/kernel-install add {RELEASE} {root}/usr/lib/modules/{RELEASE}/vmlinuz"
     ]
     assert "isolcpus=managed_irq,domain," in entry.read_text()
-    assert converge(root, p)["changed"] is False
+    assert write_boot_config(root, p)["changed"] is False
 
 
 def test_without_an_update_tool_nothing_is_verified_or_predicted(make_root):
     root = make_backend_root(make_root, "grub")
     (root / "usr/sbin/update-grub").unlink()
     p = params(root, "grub")
-    first = converge(root, {**p, "update": "never"})
+    first = write_boot_config(root, {**p, "update": "never"})
     assert first["actions"] == [f"write /{DROPIN}"] and first["update_needed"] is False
     # The handler's call: no tool, so nothing to do, in check mode as in a real run.
-    assert converge(root, {**p, "update": "only"}, check=True)["changed"] is False
-    assert converge(root, {**p, "update": "only"})["changed"] is False
+    assert write_boot_config(root, {**p, "update": "only"}, check=True)["changed"] is False
+    assert write_boot_config(root, {**p, "update": "only"})["changed"] is False
 
 
 def test_running_kernel_is_read_under_the_facts_root(make_root, tmp_path):
     root = make_backend_root(make_root, "grub")
     p = params(root, "grub")
-    written = converge(root, p)["cmdline"]["configured"]
+    written = write_boot_config(root, p)["cmdline"]["configured"]
     facts = make_root("1s8c-smt2", name="facts")
     (facts / "proc/cmdline").write_text(f"BOOT_IMAGE=/vmlinuz {written}\n")
     (facts / "proc/sys/kernel").mkdir(parents=True)
@@ -166,7 +166,7 @@ def test_running_kernel_is_read_under_the_facts_root(make_root, tmp_path):
     (facts / "sys/devices/system/cpu/isolated").write_text(plan["isolated_cpus"] + "\n")
     (facts / "sys/devices/system/cpu/nohz_full").write_text(plan["pool_cpus"]["exclusive"] + "\n")
     # The node root's own proc/cmdline (a sandbox copy) says nothing: the facts root is what counts.
-    out = converge(root, {**p, "kernel_release": None}, facts_root=str(facts))
+    out = write_boot_config(root, {**p, "kernel_release": None}, facts_root=str(facts))
     assert out["reboot_required"] is False and out["pending"] == [] and out["kernel_release"] == RELEASE
     assert out["cmdline"]["running"].startswith("BOOT_IMAGE=/vmlinuz ")
-    assert converge(root, p)["reboot_required"] is True  # without it, the node root's is read
+    assert write_boot_config(root, p)["reboot_required"] is True  # without it, the node root's is read

@@ -559,7 +559,7 @@ def cmd_isolate(opts: dict[str, str | bool], positional: list[str], environ: dic
             release(conf, pool_name, pid, timeout)
         except CpupoolsError as exc:
             sys.stderr.write(
-                f"cmk isolate: could not release cpu lists of PID {pid} ({st.shown(str(exc))}); reconcile will\n"
+                f"cmk isolate: could not release cpu lists of PID {pid} ({st.as_given(str(exc))}); reconcile will\n"
             )
 
 
@@ -596,20 +596,20 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(USAGE)
         return EXIT_OK
     except _Exit as exc:
-        sys.stderr.write(f"cmk: {st.shown(str(exc))}\n")
+        sys.stderr.write(f"cmk: {st.as_given(str(exc))}\n")
         return exc.status
     except StateError as exc:
-        sys.stderr.write(f"cmk: {st.shown(str(exc))}\n")
+        sys.stderr.write(f"cmk: {st.as_given(str(exc))}\n")
         return exc.exit_status
     except CpupoolsError as exc:
-        sys.stderr.write(f"cmk: {st.shown(str(exc))}\n")
+        sys.stderr.write(f"cmk: {st.as_given(str(exc))}\n")
         return StateError.exit_status
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
         return EXIT_OK
     except OSError as exc:
-        where = f" ({st.shown(str(exc.filename))})" if exc.filename else ""
+        where = f" ({st.as_given(str(exc.filename))})" if exc.filename else ""
         sys.stderr.write(f"cmk: {exc.strerror or exc}{where}\n")
         return EXIT_OSERR
     except Exception as exc:  # a bug: still one line, and a distinct status

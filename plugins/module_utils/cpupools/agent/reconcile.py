@@ -52,7 +52,7 @@ def reconcile_pass(
         try:
             return _reconcile_pass(handle.path, proc_fs, timeout, strays)
         finally:
-            strays[:] = [st.shown(line) for line in strays]
+            strays[:] = [st.as_given(line) for line in strays]
 
 
 def _reconcile_pass(
@@ -322,7 +322,7 @@ def cmd_reconcile(opts: dict[str, str | bool], environ: dict[str, str] | os._Env
         except CpupoolsError as exc:
             if interval <= 0:
                 raise
-            sys.stderr.write(f"cmk reconcile: {st.shown(str(exc))}\n")
+            sys.stderr.write(f"cmk reconcile: {st.as_given(str(exc))}\n")
         if interval <= 0:
             return EXIT_OK
         time.sleep(interval)
@@ -347,7 +347,7 @@ def describe(conf: str, timeout: float, strays: list[str] | None = None) -> dict
                     tasks[cl.path] = list(cl.tasks)
                 except StateError as exc:
                     strays.append(str(exc).removeprefix("state is corrupt: "))
-        strays[:] = [st.shown(line) for line in strays]
+        strays[:] = [st.as_given(line) for line in strays]
     return {
         "pools": {
             name: {

@@ -2,8 +2,8 @@
 
 Kernel arguments and the boot loaders that carry them, hugepages, the
 kubelet's configuration, CMK's state directory (its format, its lock, its
-atomic writes) and the writer that converges it, CMK v1.5's configuration,
-the agent's files on the node, the node_exporter textfiles, and ``converge``,
+atomic writes) and the writer that applies it, CMK v1.5's configuration,
+the agent's files on the node, the node_exporter textfiles, and ``stage_check``,
 which compares all of it with the plan. Renders and compares; deciding the layout is planning's. May import core and
 hardware.
 """

@@ -16,7 +16,7 @@ under a root directory:
 * ``boot_config``: what the boot loader will actually boot (the generated
   ``grub.cfg``, the BLS entries), so a regeneration that failed once is seen
   and retried on the next run instead of being reported as done;
-* ``converge``: the whole run of the ``cpupools_kernel_args`` module.
+* ``write_boot_config``: the whole run of the ``cpupools_kernel_args`` module.
 
 Standard library only; the module passes its ``run_command`` in.
 """
@@ -557,7 +557,7 @@ def compute(host: Host, params: Mapping) -> tuple[str, dict, dict]:
     return backend, result, context
 
 
-def converge(host: Host, params: Mapping) -> dict:
+def write_boot_config(host: Host, params: Mapping) -> dict:
     """Bring the boot configuration to the plan; the module's result (``warnings`` for the caller to emit).
 
     ``params["update"]``: ``auto`` regenerates when a file changed or the

@@ -211,7 +211,7 @@ def summary(results: list[dict]) -> str:
 #: Where the agent stage writes the housekeeper's configuration (``render_config``).
 CONFIG_PATH = "/etc/cpupools/housekeep.conf"
 WORKQUEUE_DIR = "sys/devices/virtual/workqueue"
-#: First line of the configuration (the stages' header, node/converge.py: edits are overwritten).
+#: First line of the configuration (the stages' header, node/stage_check.py: edits are overwritten).
 CONFIG_HEADER = "# Managed by cpupools (Ansible). Local edits are overwritten by the next run.\n"
 
 

@@ -48,9 +48,9 @@ from dataclasses import dataclass
 from ..core.cpulist import format_cpulist, parse_cpulist
 from ..core.errors import CpulistError, CpupoolsError, PlanError, show
 from ..hardware.topology import Topology
+from .agent_files import under
 from .bootloader import Host, Runner
 from .kargs import housekeeping_outputs, resolve_isolcpus_flags
-from .nodecode import under
 
 TOPOLOGY_POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
 TOPOLOGY_SCOPES = ("container", "pod")

@@ -116,7 +116,7 @@ _O_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 MAX_SYMLINKS = 40
 #: Where a descriptor's directory is reached by name: ``/proc/self/fd/<fd>``.
 FD_DIR = "/proc/self/fd"
-#: ``/proc/self/fd/<fd>`` -> the path it was opened as, for messages (``shown``).
+#: ``/proc/self/fd/<fd>`` -> the path it was opened as, for messages (``as_given``).
 _OPENED: dict[str, str] = {}
 
 
@@ -130,18 +130,18 @@ class ConfDir:
     therefore in the one tree that was opened: a conf dir replaced while an
     isolate runs can never split that isolate between two trees (it takes
     and gives back its lists in the tree it opened), and the code below keeps
-    taking paths. ``shown`` is the path as given, for messages (``shown()``).
+    taking paths. ``given_path`` is the path as given, for messages (``as_given()``).
     """
 
-    __slots__ = ("fd", "path", "shown")
+    __slots__ = ("fd", "given_path", "path")
 
-    def __init__(self, fd: int, shown: str) -> None:
+    def __init__(self, fd: int, given_path: str) -> None:
         self.fd = fd
-        self.shown = shown
+        self.given_path = given_path
         # "/." at the end: the last name of a path is then ".", not the magic link, so the O_NOFOLLOW
         # opens of the state code (open_dir) open the directory itself.
         self.path = f"{FD_DIR}/{fd}/."
-        _OPENED[self.path] = shown
+        _OPENED[self.path] = given_path
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -155,14 +155,14 @@ class ConfDir:
         """Close; an error on the way out names the path as given, not ``/proc/self/fd/<fd>``."""
         self.close()
         if isinstance(exc, CpupoolsError) and exc.args and isinstance(exc.args[0], str):
-            exc.args = (shown(exc.args[0]), *exc.args[1:])
+            exc.args = (as_given(exc.args[0]), *exc.args[1:])
 
 
 class MissingStateDir(StateError):
     """The state directory (or a directory on its way) does not exist."""
 
 
-def shown(text: str) -> str:
+def as_given(text: str) -> str:
     """``text`` with every ``/proc/self/fd/<fd>`` of an opened state directory replaced by the path it was opened as."""
     for handle in sorted(_OPENED, key=len, reverse=True):
         if handle in text:

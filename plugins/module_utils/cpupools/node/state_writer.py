@@ -470,7 +470,7 @@ def write_meta(conf_dir: str, meta: dict, names: dict[Entry, str] | None = None)
         path = os.path.join(conf_dir, name)
         if os.path.isdir(path) and not os.path.islink(path):
             _step()
-            _remove(path)  # only reached with force: converge refuses this damage otherwise
+            _remove(path)  # only reached with force: apply_state refuses this damage otherwise
         _step()
         st.atomic_write(path, text, st.MODE_FILE, fsync=True)
 
@@ -782,7 +782,7 @@ def _check_conf_files(conf_dir: str, force: bool) -> list[str]:
     return bad
 
 
-def converge(
+def apply_state(
     conf_dir: str,
     plan: dict | None,
     *,
@@ -843,11 +843,11 @@ def converge(
         handle = st.open_conf(conf_dir, create=present and not check_mode)
     except st.MissingStateDir:
         # Check mode, or state absent: nothing is there to lock, read or remove (nothing is written).
-        return _converge(conf_dir, plan, **options)
+        return _apply_state(conf_dir, plan, **options)
     with handle:
-        result = _converge(handle.path, plan, **options)
+        result = _apply_state(handle.path, plan, **options)
         identity = os.fstat(handle.fd)
-    result["warnings"] = [st.shown(line) for line in result["warnings"]]
+    result["warnings"] = [st.as_given(line) for line in result["warnings"]]
     if not present and result["changed"] and not check_mode:
         _remove_dir_if(conf_dir, identity)
     return result
@@ -864,7 +864,7 @@ def _remove_dir_if(path: str, identity: os.stat_result) -> None:
             os.rmdir(path)
 
 
-def _converge(
+def _apply_state(
     conf_dir: str,
     plan: dict | None,
     *,
@@ -877,7 +877,7 @@ def _converge(
     update_affinity: bool,
     cmk_v15: dict | None,
 ) -> dict:
-    """``converge`` on the conf dir ``conf_dir``, as opened (a ``/proc/self/fd/<fd>`` path)."""
+    """``apply_state`` on the conf dir ``conf_dir``, as opened (a ``/proc/self/fd/<fd>`` path)."""
     if present:
         if plan is None:
             raise StateError("a plan is required when state is present", "plan")

@@ -30,11 +30,11 @@ from ..core.cpulist import ISOLCPUS_FLAGS, parse_cpulist
 from ..core.errors import CpulistError, CpupoolsError, PlanError, StateError, show
 from ..core.names import POOL_ORDER, RUNTIMES, VERIFY_CHECKS
 from ..hardware.power import to_settings as to_power_settings
+from ..node.agent_files import AGENT_PATH
 from ..node.cmk15 import CMK_NAMESPACES
 from ..node.hugepages import parse_entries as to_hugepages
 from ..node.hugepages import parse_size, size_label
 from ..node.kubelet import TOPOLOGY_POLICIES, TOPOLOGY_SCOPES, to_kubelet_version, to_policy_options
-from ..node.nodecode import AGENT_PATH
 
 PREFIX = "cpupools_"
 MODES = ("packed", "spread")

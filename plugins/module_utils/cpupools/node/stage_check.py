@@ -24,11 +24,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..hardware.topology import Topology
+from .agent_files import sha256_of, under
 
 # Names, not "from . import bootloader": mitogen's module loader cannot import a
 # submodule as a name of its package.
-from .bootloader import Host, Runner
-from .bootloader import converge as converge_kernel
+from .bootloader import Host, Runner, write_boot_config
 from .cmk15 import configmap_name, traces_on_node
 from .housekeep import CONFIG_PATH as HOUSEKEEP_CONFIG
 from .housekeep import render_config as render_housekeep_config
@@ -37,8 +37,7 @@ from .kubelet import HEADER as KUBELET_HEADER
 from .kubelet import Node as KubeletNode
 from .kubelet import configure as configure_kubelet
 from .kubelet import desired_config as kubelet_config
-from .nodecode import sha256_of, under
-from .state_writer import converge as converge_state
+from .state_writer import apply_state
 
 #: The stages that have a converged check, in the order site.yml runs them.
 STAGES = ("kernel", "agent")
@@ -557,9 +556,9 @@ def check_node(
         check_mode=True,
         which=which,
     )
-    kernel = converge_kernel(host_io, kernel_params(values, plan, host))
+    kernel = write_boot_config(host_io, kernel_params(values, plan, host))
     cmk = values["runtime"] == "cmk"  # other runtimes: the agent stage removes the agent and its state
-    state = converge_state(
+    state = apply_state(
         os.path.join(root, values["conf_dir"].lstrip("/")),
         dict(plan) if cmk else None,
         present=cmk,
