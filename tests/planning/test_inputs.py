@@ -66,16 +66,53 @@ def test_role_argument_specs_follow_the_one_spec(role):
             assert option["default"] == var.default, f"{role.name}: {name} default {option['default']!r}"
 
 
+def role_defaults(role: Path) -> dict[str, object]:
+    path = role / "defaults" / "main.yml"
+    return (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
+
+
 @pytest.mark.parametrize(("key", "var"), sorted(SPEC.items()), ids=lambda v: str(v)[:30])
 def test_every_public_variable_is_declared_by_its_roles_with_the_same_default(key, var):
     name = PREFIX + key
     for short in var.roles:
         role = REPO / "roles" / f"cpupools_{short}"
         assert name in argument_specs(role), f"role {role.name} does not declare {name}"
-        defaults = yaml.safe_load((role / "defaults" / "main.yml").read_text()) or {}
+    for role in [REPO / "roles" / "cpupools", *(REPO / "roles" / f"cpupools_{short}" for short in var.roles)]:
+        defaults = role_defaults(role)
         if name in defaults and not templated(defaults[name]):
             assert not var.derived, f"{name}: inputs.py says the default is derived, {role.name} gives a value"
             assert defaults[name] == var.default, f"{name}: {role.name} defaults to {defaults[name]!r}"
+
+
+def test_every_public_variable_has_one_default_in_the_declared_interface():
+    """One default per variable: in the cpupools role, or in the one role it is named after and alone reads.
+
+    The cpupools role (roles/cpupools) is the roles' declared interface: a
+    variable two roles read, or one no role is named for, has its default
+    there, and every stage role depends on it (meta/main.yml).
+    """
+    homes: dict[str, list[str]] = {}
+    for role in sorted((REPO / "roles").iterdir()):
+        for name in role_defaults(role):
+            homes.setdefault(name, []).append(role.name)
+    assert not {n: r for n, r in homes.items() if len(r) > 1}, "a default given by more than one role"
+    for name, (role,) in homes.items():
+        assert role == "cpupools" or name.startswith(role + "_"), f"{name}: its default is in {role}, not cpupools"
+        # The plan module reads every variable; the kernel stage imports the kubelet and reboot roles' tasks.
+        readers = {f"cpupools_{short}" for short in SPEC[name.removeprefix(PREFIX)].roles}
+        assert role == "cpupools" or readers <= {role, "cpupools_plan", "cpupools_kernel"}, (
+            f"{name}: read by {sorted(readers)}, its default in {role} only"
+        )
+    # cpupools_reboot_serial is read by the play's serial:, before any role's defaults exist.
+    missing = sorted(
+        PREFIX + k for k, v in SPEC.items() if PREFIX + k not in homes and not v.derived and k != "reboot_serial"
+    )
+    assert not missing, f"public variables without a default in any role: {missing}"
+    for role in sorted((REPO / "roles").iterdir()):
+        if role.name == "cpupools" or not (role / "meta" / "main.yml").exists():
+            continue
+        deps = yaml.safe_load((role / "meta" / "main.yml").read_text()).get("dependencies") or []
+        assert {"role": "cpupools"} in deps, f"{role.name} does not depend on the cpupools role"
 
 
 def test_every_name_the_roles_set_is_known():

@@ -503,7 +503,8 @@ def _task_group(raw: object, field: str) -> str:
 
 
 #: Every public ``cpupools_*`` variable, without the prefix. Defaults equal the
-#: roles' ``defaults/main.yml`` (a test compares them).
+#: ``defaults/main.yml`` of the cpupools role, or of the one role a variable is
+#: named after (a test compares them).
 SPEC: dict[str, Var] = {
     # cpupools_plan
     "root": _var("plan agent kernel kubelet verify", _path(), "/", "path"),
@@ -547,13 +548,13 @@ SPEC: dict[str, Var] = {
     "command_line_size": _var("kernel", _int(256, 1 << 20), 2048, "int"),
     "kernel_release": _var("kernel", _str(True, re.compile(r"^[A-Za-z0-9._+~-]+$"), "a kernel release"), ""),
     "command_wrapper": _var("kernel", to_argv, [], "list"),
-    "reboot_ok": _var("kernel", to_bool, False, "bool"),
-    "reboot_timeout": _var("kernel", _int(1, 86400), 1800, "int"),
+    "reboot_ok": _var("kernel reboot", to_bool, False, "bool"),
+    "reboot_timeout": _var("kernel reboot", _int(1, 86400), 1800, "int"),
     "systemd_cpuaffinity": _var("kernel", to_auto_bool, "auto", "raw"),
     "irqbalance_banned": _var("kernel", to_bool, False, "bool"),
-    "kubelet_dropin": _var("kernel", to_bool, False, "bool"),
+    "kubelet_dropin": _var("kernel kubelet", to_bool, False, "bool"),
     "kubelet_reservation": _var(
-        "kernel",
+        "kernel kubelet",
         _choice(("reservedSystemCPUs", "systemReserved")),
         "reservedSystemCPUs",
         choices=("reservedSystemCPUs", "systemReserved"),
@@ -702,9 +703,8 @@ INTERNAL = frozenset(
         "report_result",
         "kernel_cpuaffinity_path",
         "kernel_irqbalance_path",
-        "kernel_kubelet_file",
-        "kernel_kubelet_path",
-        "kernel_kubelet_result",
+        "kubelet_file",
+        "kubelet_result",
         "kubelet_restart_required",
         "kubelet_restart_reason",
         "kubelet_start_result",
