@@ -12,24 +12,26 @@ before 2.21 the strategy adds them from the result's ``add_group`` and
 ``parent_groups``, as it does for ``group_by``. 2.21 no longer reads those
 keys: a converged host then joined no group and reached the stage plays.
 
-With ``slim`` (set by playbooks/plan.yml, whose stage plays leave converged
-hosts out), on a host with nothing to do (every stage with a check converged) it slims
-the result that goes back to ansible-playbook's main process, which handles
+Every result names the host's topology by ``topology_digest``: stored on
+the controller by digest (plugin_utils/topology_store.py), where the report
+and the stages read it when the host has no fact. With ``slim`` (set by
+playbooks/plan.yml, whose stage plays leave the converged hosts out), on a
+host with nothing to do (every stage with a check converged) it slims the
+result that goes back to ansible-playbook's main process, which handles
 every host's result in one process (docs/performance.md, "The converged
-result"): the topology is returned as ``topology_json``, its facts as one
-JSON text, not as the fact ``ansible_facts.cpupools`` (Ansible copies a
-host's facts on every lookup of its variables, about a dozen per host and
-run, and walks every object of a result once more for the callbacks: one
-string is one object), and ``files``, ``inputs`` and ``invocation``, which
-only a stage that runs reads, are left out. A run with ``-v`` or ``--diff``
-gets the whole result.
+result"): no fact ``ansible_facts.cpupools`` (Ansible copies a host's facts
+on every lookup of its variables, about a dozen per host and run, and
+walks every object of a result once more for the callbacks), only its
+digest, and no ``files``, ``inputs`` and ``invocation``, which only a stage
+that runs reads. A run with ``-v`` or ``--diff`` gets the whole result, and
+so does a host whose topology could not be stored (check mode writes
+nothing on the controller: it names only a topology an earlier run stored).
 """
-
-import json
 
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
+from ansible_collections.cpupools.cpupools.plugins.plugin_utils import topology_store
 from ansible_collections.cpupools.cpupools.plugins.plugin_utils.inputs import host_inputs, run_plan_module
 
 
@@ -48,17 +50,26 @@ def groups(result):
 STAGE_ONLY = ("files", "inputs", "invocation")
 
 
+def name_topology(result, check_mode):
+    """Store the host's topology by digest and name it in the result (``topology_digest``), where it can."""
+    facts = (result.get("ansible_facts") or {}).get("cpupools")
+    if result.get("failed") or facts is None or not result.get("work_dir"):
+        return
+    text, digest = topology_store.encode(facts)
+    if topology_store.store(result["work_dir"], text, digest, write=not check_mode):
+        result["topology_digest"] = digest
+
+
 def slim(result, verbose):
     """The result of a host with nothing to do, as later plays and the report read it (the others unchanged).
 
-    The topology moves from ``ansible_facts.cpupools`` to ``topology_json``
-    (the same facts, as compact JSON text); the keys of ``STAGE_ONLY`` go.
-    ``verbose`` (``-v``, ``--diff``) keeps it whole.
+    The fact ``ansible_facts.cpupools`` goes (``topology_digest`` names it),
+    and so do the keys of ``STAGE_ONLY``. ``verbose`` (``-v``, ``--diff``)
+    keeps it whole, as does a topology that could not be stored.
     """
-    if verbose or result.get("failed") or result.get("todo") != []:
+    if verbose or result.get("failed") or result.get("todo") != [] or "topology_digest" not in result:
         return result
-    facts = result.pop("ansible_facts", None) or {}
-    result["topology_json"] = json.dumps(facts.get("cpupools"), sort_keys=True, separators=(",", ":"))
+    result.pop("ansible_facts", None)
     for key in STAGE_ONLY:
         result.pop(key, None)
     return result
@@ -78,6 +89,7 @@ class ActionModule(ActionBase):
                 self.add_group(grouping["add_group"], parent_group_names=grouping["parent_groups"])
             else:
                 result.update(grouping)
+        name_topology(result, bool(self._task.check_mode))
         # a play that runs the stages on every host (reboot.yml, uninstall.yml, a user's own) keeps it whole
         whole = not boolean(args.get("slim", False)) or Display().verbosity > 0 or bool(self._task.diff)
         return slim(result, whole)

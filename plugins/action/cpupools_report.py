@@ -14,7 +14,6 @@ inputs of the whole fleet are not serialised to one and back
 task's delegation.
 """
 
-import json
 import os
 import socket
 import time
@@ -23,6 +22,7 @@ from collections.abc import Mapping
 from ansible.plugins.action import ActionBase
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.core.errors import CpupoolsError
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.report.report import ARGUMENT_SPEC, report
+from ansible_collections.cpupools.cpupools.plugins.plugin_utils import topology_store
 from ansible_collections.cpupools.cpupools.plugins.plugin_utils.inputs import checked_args
 
 #: Report input key -> the host variable it is read from (docs/report.md, input schema).
@@ -38,12 +38,8 @@ PARTS = (
 def host_input(host, variables):
     """The report input of one host, from its host variables."""
     # hostvars templates what it returns; a variable the host lacks is None (shown as "not collected")
-    facts = variables.get("ansible_facts") or {}
-    topology = facts.get("cpupools")
-    if topology is None:
-        # a converged host's plan play returns it in its result, not as a fact (docs/performance.md)
-        text = (variables.get("cpupools_plan_result") or {}).get("topology_json")
-        topology = json.loads(text) if isinstance(text, str) else None
+    # a converged host's plan result names it, it is not a fact (docs/performance.md)
+    topology = topology_store.topology(variables.get("cpupools_plan_result"), variables.get("ansible_facts"))
     entry = {"host": host, "topology": topology}
     for key, name in PARTS:
         entry[key] = variables.get(name)

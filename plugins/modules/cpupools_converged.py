@@ -56,8 +56,8 @@ options:
     default: 0
   slim:
     description:
-      - On a host with nothing to do (RV(todo) empty), return the topology as RV(topology_json) and
-        leave out RV(files), RV(inputs) and C(invocation), which only a stage that runs reads
+      - On a host with nothing to do (RV(todo) empty), leave out RV(ansible_facts) (RV(topology_digest)
+        names the topology), RV(files), RV(inputs) and C(invocation), which only a stage that runs reads
         (docs/performance.md, "The converged result"). C(-v) and C(--diff) keep the whole result.
       - Only for a play whose stage plays leave the converged hosts out, as site.yml's do
         (C(playbooks/plan.yml) sets it); a playbook that runs a stage on every host (C(reboot.yml),
@@ -90,7 +90,7 @@ plan:
   type: dict
 inputs:
   description: Every public cpupools variable, normalised (without the C(cpupools_) prefix).
-  returned: success, unless RV(topology_json) is returned
+  returned: success, unless the result is slim (O(slim))
   type: dict
 stages:
   description: Stage name to the reasons it is not converged ([] when converged); only the stages with a check.
@@ -111,7 +111,7 @@ files:
   description:
     - Name to C(stage), C(path) (on the node, without the root), C(content) and C(mode)
       of every file the stages render.
-  returned: when compare is true and the state is present, unless RV(topology_json) is returned
+  returned: when compare is true and the state is present, unless the result is slim (O(slim))
   type: dict
 exports:
   description:
@@ -152,18 +152,20 @@ cmk_v15:
 ansible_facts:
   description:
     - The topology as C(cpupools), as M(cpupools.cpupools.cpupools_facts) returns it.
-    - With O(slim), on a host with nothing to do (RV(todo) empty) the module's action returns it as
-      RV(topology_json) instead, unless the run has C(-v) or C(--diff) (docs/performance.md, "The converged result").
-  returned: success, unless RV(topology_json) is returned
+    - With O(slim), on a host with nothing to do (RV(todo) empty), the module's action leaves it out,
+      unless the run has C(-v) or C(--diff); RV(topology_digest) names it (docs/performance.md, "The converged result").
+  returned: success, unless the result is slim (O(slim))
   type: dict
-topology_json:
+topology_digest:
   description:
-    - Added by the module's action, with O(slim), on a host with nothing to do (RV(todo) empty),
-      without C(-v) or C(--diff) - the same topology facts as one compact JSON text, in place of
-      RV(ansible_facts). That result also leaves out RV(files), RV(inputs) and the arguments
-      Ansible echoes (C(invocation)) - only a stage that runs reads them, and ansible-playbook's
-      main process handles every host's result in one process.
-  returned: on such hosts
+    - Added by the module's action - the SHA-256 of the topology facts as compact JSON, stored on the
+      controller as C(<work_dir>/build/topology/<digest>.json) (identical nodes share one file). The filter
+      C(cpupools.cpupools.topology) reads a host's topology from its fact or from there.
+    - With O(slim), on a host with nothing to do (RV(todo) empty), without C(-v) or C(--diff), the result
+      carries it in place of RV(ansible_facts), and also leaves out RV(files), RV(inputs) and the arguments
+      Ansible echoes (C(invocation)) - only a stage that runs reads them, and ansible-playbook's main process
+      handles every host's result in one process.
+  returned: success, when the topology is stored (check mode stores none, it names one an earlier run stored)
   type: str
 """
 

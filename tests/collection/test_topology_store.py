@@ -1,0 +1,82 @@
+"""The topology a converged host's plan result names by digest: plugin_utils/topology_store.py.
+
+The whole path (a converged re-run's result names it, the report reads it) is
+tests/playbook/test_site.py; these are the store's own cases.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+
+from helpers import REPO
+
+sys.path.insert(0, str(REPO / "collections"))
+from ansible_collections.cpupools.cpupools.plugins.plugin_utils import topology_store as store
+
+FACTS = {"online": "0-3", "kernel": {"isolcpus": {"cpus": "2-3"}}, "numa": {"0": "0-3"}}
+
+
+def test_stored_once_read_back_and_shared_by_identical_nodes(tmp_path):
+    text, digest = store.encode(FACTS)
+    assert store.store(str(tmp_path), text, digest)
+    path = tmp_path / "build" / "topology" / f"{digest}.json"
+    first = path.stat()
+    # the same topology from another node: the same file, not written again
+    again_text, again = store.encode(json.loads(json.dumps(FACTS)))
+    assert (again_text, again) == (text, digest)
+    assert store.store(str(tmp_path), again_text, again)
+    assert path.stat().st_mtime_ns == first.st_mtime_ns
+    assert store.load(str(tmp_path), digest) == FACTS
+    assert sorted(os.listdir(path.parent)) == [f"{digest}.json"]  # no temporary file left
+
+
+def test_the_reader_prefers_the_fact_and_says_none_when_there_is_neither(tmp_path):
+    text, digest = store.encode(FACTS)
+    store.store(str(tmp_path), text, digest)
+    result = {"topology_digest": digest, "work_dir": str(tmp_path)}
+    assert store.topology(result, {}) == FACTS
+    assert store.topology(result, {"cpupools": {"online": "0"}}) == {"online": "0"}
+    assert store.topology(None, None) is None
+    assert store.topology({"work_dir": str(tmp_path)}, {}) is None
+    # deleted between two runs, or never written: None, not an exception
+    assert store.topology({"topology_digest": "0" * 64, "work_dir": str(tmp_path)}, {}) is None
+
+
+def test_a_file_that_is_not_what_its_name_says_is_not_read(tmp_path):
+    text, digest = store.encode(FACTS)
+    store.store(str(tmp_path), text, digest)
+    path = tmp_path / "build" / "topology" / f"{digest}.json"
+    path.write_text(text.replace("0-3", "0-7"))
+    assert store.load(str(tmp_path), digest) is None
+
+
+def test_check_mode_writes_nothing_and_names_only_what_a_run_stored(tmp_path):
+    text, digest = store.encode(FACTS)
+    missing = tmp_path / "not-yet"
+    assert not store.store(str(missing), text, digest, write=False)
+    assert not missing.exists()
+    assert not store.store(str(tmp_path), text, digest, write=False)
+    assert not (tmp_path / "build").exists()
+    assert store.store(str(tmp_path), text, digest)
+    assert store.store(str(tmp_path), text, digest, write=False)
+
+
+def test_an_unwritable_work_directory_is_no_error(tmp_path):
+    text, digest = store.encode(FACTS)
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the work directory should be")
+    assert not store.store(str(blocked), text, digest)
+
+
+def test_writers_racing_on_one_digest_leave_one_whole_file(tmp_path):
+    text, digest = store.encode({"online": "0-1023", "cpus": list(range(1024))})
+    threads = [threading.Thread(target=store.store, args=(str(tmp_path), text, digest)) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert store.load(str(tmp_path), digest)["online"] == "0-1023"
+    assert os.listdir(tmp_path / "build" / "topology") == [f"{digest}.json"]
