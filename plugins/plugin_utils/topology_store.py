@@ -20,7 +20,8 @@ the host has it, else the stored file.
 import hashlib
 import json
 import os
-import tempfile
+
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.core.files import replace_file
 
 #: Under the work directory (``cpupools_work_dir``), beside the cmk build.
 SUBDIR = os.path.join("build", "topology")
@@ -42,27 +43,17 @@ def store(work_dir, text, digest, write=True):
 
     Without ``write`` (check mode, which writes nothing on the controller
     either) only a file an earlier run stored counts: True when it is there.
-    Written whole or not at all (a temporary file renamed into place), so a
-    reader never sees part of one, and two runs writing the same digest at
-    once write the same bytes.
+    Written whole or not at all (``core/files.replace_file``: a temporary
+    file moved into place), so a reader never sees part of one, and two runs
+    writing the same digest at once write the same bytes.
     """
     path = path_of(work_dir, digest)
     if os.path.exists(path):
         return True
     if not write:
         return False
-    directory = os.path.dirname(path)
     try:
-        os.makedirs(directory, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=directory, prefix=".tmp-")
-        try:
-            with os.fdopen(handle, "w") as out:
-                out.write(text)
-            os.chmod(temporary, 0o644)
-            os.replace(temporary, path)
-        except BaseException:
-            os.unlink(temporary)
-            raise
+        replace_file(path, text.encode(), mode=0o644)
     except OSError:
         return False
     return True
