@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from ansible.plugins.action import ActionBase
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.core.errors import CpupoolsError
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.report.report import ARGUMENT_SPEC, report
-from ansible_collections.cpupools.cpupools.plugins.plugin_utils import topology_store
-from ansible_collections.cpupools.cpupools.plugins.plugin_utils.inputs import checked_args
+from ansible_collections.cpupools.cpupools.plugins.plugin_utils import digest_store
+from ansible_collections.cpupools.cpupools.plugins.plugin_utils.inputs import EXPORT_DEFAULTS, checked_args
 
 #: Report input key -> the host variable it is read from (docs/report.md, input schema).
 PARTS = (
@@ -38,11 +38,16 @@ PARTS = (
 def host_input(host, variables):
     """The report input of one host, from its host variables."""
     # hostvars templates what it returns; a variable the host lacks is None (shown as "not collected")
-    # a converged host's plan result names it, it is not a fact (docs/performance.md)
-    topology = topology_store.topology(variables.get("cpupools_plan_result"), variables.get("ansible_facts"))
-    entry = {"host": host, "topology": topology}
+    # a converged host's plan result names its topology, it is not a fact (docs/performance.md)
+    result = variables.get("cpupools_plan_result")
+    entry = {"host": host, "topology": digest_store.topology(result, variables.get("ansible_facts"))}
+    # hostvars has no role defaults: where no stage set the exported facts, the plan result has them
+    planned = None
     for key, name in PARTS:
         entry[key] = variables.get(name)
+        if entry[key] is None and name in EXPORT_DEFAULTS:
+            planned = planned or digest_store.planned(result)
+            entry[key] = planned["plan"] if name == "cpupools_plan" else (planned["exports"] or {}).get(name)
     plan = entry["plan"]
     # the plan's checked hugepages request (a -e string is checked there too)
     entry["hugepages"] = (plan.get("hugepages") or {}).get("requested") if isinstance(plan, Mapping) else None

@@ -36,7 +36,7 @@ _value:
   type: dict
 """
 
-from ansible_collections.cpupools.cpupools.plugins.plugin_utils.topology_store import topology
+from ansible_collections.cpupools.cpupools.plugins.plugin_utils.digest_store import topology
 
 
 class FilterModule:

@@ -57,8 +57,9 @@ options:
   slim:
     description:
       - On a host with nothing to do (RV(todo) empty), leave out RV(ansible_facts) (RV(topology_digest)
-        names the topology), RV(files), RV(inputs) and C(invocation), which only a stage that runs reads
-        (docs/performance.md, "The converged result"). C(-v) and C(--diff) keep the whole result.
+        names the topology), RV(plan) and RV(exports) (RV(plan_digest) names them), RV(files), RV(inputs)
+        and C(invocation), which only a stage that runs reads (docs/performance.md, "The converged
+        result"). C(-v) and C(--diff) keep the whole result.
       - Only for a play whose stage plays leave the converged hosts out, as site.yml's do
         (C(playbooks/plan.yml) sets it); a playbook that runs a stage on every host (C(reboot.yml),
         C(uninstall.yml), a playbook of your own that applies the roles in turn) needs the whole result.
@@ -85,8 +86,11 @@ EXAMPLES = r"""
 
 RETURN = r"""
 plan:
-  description: The pool layout, as M(cpupools.cpupools.cpupools_plan) returns it.
-  returned: success
+  description:
+    - The pool layout, as M(cpupools.cpupools.cpupools_plan) returns it.
+    - The filter C(cpupools.cpupools.planned) reads it here or where RV(plan_digest) names it; so do the
+      C(cpupools) role's defaults (C(cpupools_plan)).
+  returned: success, unless the result is slim (O(slim)) and names it by RV(plan_digest)
   type: dict
 inputs:
   description: Every public cpupools variable, normalised (without the C(cpupools_) prefix).
@@ -117,7 +121,9 @@ exports:
   description:
     - The facts the kernel and agent stages export for the report, as they would set them.
     - Each is null when the node was not compared (O(compare) false, or the state absent).
-  returned: success
+    - The C(cpupools) role's defaults read each from here or from where RV(plan_digest) names them
+      (filter C(cpupools.cpupools.planned)), so the plan play sets no fact per host.
+  returned: success, unless the result is slim (O(slim)) and names them by RV(plan_digest)
   type: dict
 kubelet_line:
   description:
@@ -131,7 +137,7 @@ k8s_skip_reason:
   description:
     - Why the k8s stage does nothing on this host (C(cpupools_k8s_enabled) false, or
       no kubeconfig and not in-cluster); empty when it runs. The plan play groups
-      such hosts out of the k8s play and sets C(cpupools_k8s_status) from RV(exports).
+      such hosts out of the k8s play; their C(cpupools_k8s_status) is read from RV(exports).
   returned: success
   type: str
 state_warnings:
@@ -166,6 +172,13 @@ topology_digest:
       Ansible echoes (C(invocation)) - only a stage that runs reads them, and ansible-playbook's main process
       handles every host's result in one process.
   returned: success, when the topology is stored (check mode stores none, it names one an earlier run stored)
+  type: str
+plan_digest:
+  description:
+    - Added by the module's action to a slim result (O(slim)) - the SHA-256 of RV(plan) and RV(exports)
+      together as compact JSON, stored on the controller as C(<work_dir>/build/plan/<digest>.json), in their
+      place. The filter C(cpupools.cpupools.planned) reads them from either.
+  returned: when the result is slim and they are stored (check mode stores none, it names one an earlier run stored)
   type: str
 """
 

@@ -11,14 +11,50 @@ import os
 
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.module_utils.errors import UnsupportedError
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.planning.inputs import INTERNAL
 from ansible_collections.cpupools.cpupools.plugins.plugin_utils import work_dir
 
 PREFIX = "cpupools_"
 
+#: The facts the plan play exports for the later stages -> their default in roles/cpupools/defaults/main.yml,
+#: which reads each from the host's plan result when a stage reads it (tests/planning/test_inputs.py holds the
+#: two equal). Where a host's value is anything else (a stage set it earlier in the same run, or the inventory
+#: does), the plan play sets them as facts again (roles/cpupools/tasks/plan_facts.yml).
+_EXPORTED = (
+    "cpupools_reboot_required",
+    "cpupools_pending_kernel_args",
+    "cpupools_kernel_cmdline",
+    "cpupools_housekeeping",
+    "cpupools_kernel_status",
+    "cpupools_agent_status",
+)
+EXPORT_DEFAULTS = {
+    "cpupools_plan": "{{ (cpupools_plan_result | cpupools.cpupools.planned).plan }}",
+    **{name: f"{{{{ (cpupools_plan_result | cpupools.cpupools.planned).exports.{name} }}}}" for name in _EXPORTED},
+    # set here for a host the k8s stage skips (the k8s play leaves it out); null otherwise
+    "cpupools_k8s_status": (
+        "{{ (cpupools_plan_result | cpupools.cpupools.planned).exports.cpupools_k8s_status | default(none) }}"
+    ),
+}
+
 
 def host_inputs(task_vars, templar):
-    """Name -> templated value of every variable of the task whose name starts with ``cpupools_``."""
-    return {name: templar.template(task_vars[name]) for name in sorted(task_vars) if name.startswith(PREFIX)}
+    """Name -> templated value of every variable of the task whose name starts with ``cpupools_``.
+
+    Not the names cpupools sets itself (``INTERNAL``, the exported facts among them): the module ignores
+    them, and an exported fact's default reads a plan result this task is about to make.
+    """
+    return {
+        name: templar.template(task_vars[name])
+        for name in sorted(task_vars)
+        if name.startswith(PREFIX) and name[len(PREFIX) :] not in INTERNAL
+    }
+
+
+def exports_hidden(task_vars):
+    """The exported facts whose value in ``task_vars`` is not their default: something set it that would hide
+    the plan's (a stage earlier in the run, the inventory). Raw values: nothing is templated."""
+    return sorted(name for name, text in EXPORT_DEFAULTS.items() if task_vars.get(name, text) != text)
 
 
 def controller_refusal(host, values):

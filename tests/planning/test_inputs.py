@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -27,6 +28,9 @@ from cpupools.planning.plan import make_request, plan_pools
 from helpers import REPO
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+sys.path.insert(0, str(REPO / "collections"))
+from ansible_collections.cpupools.cpupools.plugins.plugin_utils.inputs import EXPORT_DEFAULTS
 
 ROLES = sorted(p for p in (REPO / "roles").iterdir() if (p / "meta" / "argument_specs.yml").exists())
 MODULES = {p.stem for p in (REPO / "plugins" / "modules").glob("*.py")}
@@ -96,7 +100,11 @@ def test_every_public_variable_has_one_default_in_the_declared_interface():
         for name in role_defaults(role):
             homes.setdefault(name, []).append(role.name)
     assert not {n: r for n, r in homes.items() if len(r) > 1}, "a default given by more than one role"
+    # The facts the plan play exports: outputs, each read lazily from the plan result (the next test).
+    assert {n: r for n, r in homes.items() if n in EXPORT_DEFAULTS} == {n: ["cpupools"] for n in EXPORT_DEFAULTS}
     for name, (role,) in homes.items():
+        if name in EXPORT_DEFAULTS:
+            continue
         assert role == "cpupools" or name.startswith(role + "_"), f"{name}: its default is in {role}, not cpupools"
         # The plan module reads every variable; the kernel stage imports the kubelet and reboot roles' tasks.
         readers = {f"cpupools_{short}" for short in SPEC[name.removeprefix(PREFIX)].roles}
@@ -113,6 +121,14 @@ def test_every_public_variable_has_one_default_in_the_declared_interface():
             continue
         deps = yaml.safe_load((role / "meta" / "main.yml").read_text()).get("dependencies") or []
         assert {"role": "cpupools"} in deps, f"{role.name} does not depend on the cpupools role"
+
+
+def test_the_exported_facts_default_to_what_the_plan_action_compares_them_with():
+    """roles/cpupools/defaults/main.yml reads each exported fact from the plan result, in the very text the
+    plan's action compares the host's value with (a host whose value differs gets them as facts)."""
+    defaults = yaml.safe_load((REPO / "roles" / "cpupools" / "defaults" / "main.yml").read_text())
+    assert {name: defaults[name] for name in EXPORT_DEFAULTS} == EXPORT_DEFAULTS
+    assert all(name.removeprefix(PREFIX) in INTERNAL for name in EXPORT_DEFAULTS)
 
 
 def test_every_name_the_roles_set_is_known():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shutil
 import subprocess
 from html import escape as html_escape
 from pathlib import Path
@@ -81,19 +82,57 @@ def test_run_then_rerun_changes_nothing(playbook, tmp_path):
     # (report.html above, and its text here) from the slimmer result.
     slim = second.result("Plan the CPU pools")
     whole = first.result("Plan the CPU pools")
-    assert not {"ansible_facts", "files", "inputs", "invocation"} & set(slim), sorted(slim)
+    assert not {"ansible_facts", "files", "inputs", "invocation", "plan", "exports"} & set(slim), sorted(slim)
     assert slim["topology_digest"] == whole["topology_digest"]
     stored = Path(slim["work_dir"]) / "build" / "topology" / f"{slim['topology_digest']}.json"
     assert json.loads(stored.read_text()) == whole["ansible_facts"]["cpupools"]
-    assert {"plan", "exports", "converged", "k8s_skip_reason"} <= set(slim)
-    assert len(json.dumps(slim)) < 6000
+    assert {"plan_digest", "converged", "k8s_skip_reason"} <= set(slim)
+    assert len(json.dumps(slim)) < 2000  # issue 43: at most 2 kB on the wire
     assert second.result("Print the fleet report")["msg"] == first.result("Print the fleet report")["msg"]
+    # No fact set per host for the later plays: they read the plan result (the cpupools role's defaults).
+    assert not second.result(
+        "Keep the plan and the node's status as host facts where a value of an earlier stage would hide them"
+    ).get("results")
     check = site(playbook, tmp_path, "--check", "--diff")
     assert check.rc == 0
     assert check.changed() == 0
     assert outputs(tmp_path) == snapshot
-    # --diff (or -v) keeps the whole result.
-    assert {"ansible_facts", "files", "inputs"} <= set(check.result("Plan the CPU pools"))
+    # --diff (or -v) keeps the whole result; the plan and exports the slim result named are the same.
+    whole = check.result("Plan the CPU pools")
+    assert {"ansible_facts", "files", "inputs", "plan", "exports"} <= set(whole)
+    record = Path(slim["work_dir"]) / "build" / "plan" / f"{slim['plan_digest']}.json"
+    assert json.loads(record.read_text()) == {"plan": whole["plan"], "exports": whole["exports"]}
+
+
+KEEP = "Keep the plan and the node's status as host facts where a value of an earlier stage would hide them"
+
+
+def test_a_value_that_would_hide_the_plans_exports_is_replaced_by_them(playbook, tmp_path):
+    """The later plays read the plan's exports through the cpupools role's defaults, which any other value of
+    the same name hides: a stage's fact from earlier in the same run, or an inventory's value. Such a host gets
+    them as facts in the plan play (set_fact's precedence), so the report of the second site.yml of one run
+    is the report of a run of its own, and an inventory's value is not what the report shows."""
+    inventory = tmp_path / "inventory"
+    shutil.copytree(REPO / "inventories" / "local", inventory)
+    (inventory / "host_vars").mkdir()
+    (inventory / "host_vars" / "localhost.yml").write_text("cpupools_agent_status: {source: set by the inventory}\n")
+    twice = tmp_path / "twice.yml"
+    twice.write_text(f"- import_playbook: {REPO}/site.yml\n- import_playbook: {REPO}/site.yml\n")
+    extra = {"cpupools_root": str(tmp_path / "sandbox"), "cpupools_report_html": str(tmp_path / "report.html")}
+    res = playbook(twice, extra, inventory=str(inventory / "hosts.yml"))
+    assert res.rc == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    kept = [t["hosts"]["localhost"] for t in res.tasks() if t["task"]["name"].endswith(KEEP)]
+    # the first plan play: the inventory's value; the second: that and the facts the stages of the first set
+    assert [len(k.get("results") or []) for k in kept] == [1, 1], kept
+    reports = [
+        t["hosts"]["localhost"]["msg"] for t in res.tasks() if t["task"]["name"].endswith("Print the fleet report")
+    ]
+    # a converged run of its own: nothing but the inventory's value would hide the plan's there
+    alone = playbook(REPO / "site.yml", extra, inventory=str(inventory / "hosts.yml"))
+    assert alone.rc == 0 and alone.changed() == 0, alone.stdout[-3000:]
+    assert len(alone.result(KEEP).get("results") or []) == 1
+    assert reports[1] == alone.result("Print the fleet report")["msg"]
+    assert "set by the inventory" not in json.dumps([*reports, alone.result("Print the fleet report")])
 
 
 def test_a_pool_state_warning_is_said_once_when_the_agent_stage_runs(playbook, tmp_path):

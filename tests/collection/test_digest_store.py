@@ -1,4 +1,4 @@
-"""The topology a converged host's plan result names by digest: plugin_utils/topology_store.py.
+"""What a converged host's plan result names by digest, its topology, plan and exports: plugin_utils/digest_store.py.
 
 The whole path (a converged re-run's result names it, the report reads it) is
 tests/playbook/test_site.py; these are the store's own cases.
@@ -14,7 +14,7 @@ import threading
 from helpers import REPO
 
 sys.path.insert(0, str(REPO / "collections"))
-from ansible_collections.cpupools.cpupools.plugins.plugin_utils import topology_store as store
+from ansible_collections.cpupools.cpupools.plugins.plugin_utils import digest_store as store
 
 FACTS = {"online": "0-3", "kernel": {"isolcpus": {"cpus": "2-3"}}, "numa": {"0": "0-3"}}
 
@@ -80,3 +80,24 @@ def test_writers_racing_on_one_digest_leave_one_whole_file(tmp_path):
         thread.join()
     assert store.load(str(tmp_path), digest)["online"] == "0-1023"
     assert os.listdir(tmp_path / "build" / "topology") == [f"{digest}.json"]
+
+
+PLANNED = {"plan": {"pool_cpus": {"exclusive": "2-3"}}, "exports": {"cpupools_reboot_required": True}}
+
+
+def test_the_plan_and_exports_are_read_from_the_result_or_from_where_it_names_them(tmp_path):
+    text, digest = store.encode(PLANNED)
+    assert store.store(str(tmp_path), text, digest, kind="plan")
+    assert (tmp_path / "build" / "plan" / f"{digest}.json").is_file()
+    assert not (tmp_path / "build" / "topology").exists()  # each kind in its own directory
+    assert store.planned({"plan_digest": digest, "work_dir": str(tmp_path)}) == PLANNED
+    # a whole result carries them: read from it, whatever it names
+    whole = {"plan": {"pool_cpus": {}}, "exports": {}, "plan_digest": digest, "work_dir": str(tmp_path)}
+    assert store.planned(whole) == {"plan": {"pool_cpus": {}}, "exports": {}}
+    # neither (a failed host, no result, a record deleted since): both None, no exception
+    nothing = {"plan": None, "exports": None}
+    assert store.planned(None) == nothing
+    assert store.planned({"failed": True}) == nothing
+    assert store.planned({"plan_digest": "0" * 64, "work_dir": str(tmp_path)}) == nothing
+    # a topology is not a plan, even under the same digest
+    assert store.load(str(tmp_path), digest) is None
