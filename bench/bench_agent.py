@@ -12,7 +12,7 @@
    from outside: see ``bench_startup``; target: at most 1.2x the wall time
    of ``python3 -I -c pass``), of the whole isolate's wall time, and of its
    CPU time (user+sys of the process and the children it waited for, from
-   ``wait4``; target: at most 1.5x), each with its ratio, and the size of
+   ``wait4``; target: at most 1.4x), each with its ratio, and the size of
    ``cmk.pyz``. ``--before DIR`` adds the agent built from another checkout
    (for example ``git archive`` of an older commit), in the same rounds;
 2. throughput: 8 concurrent workers looping acquire-run-release
@@ -24,7 +24,8 @@
 4. lock waits during a big reconcile: ``cmk reconcile`` over 10,000 dead
    entries, one cpulist each, while a prober takes the state lock the way
    ``cmk isolate`` does every 5 ms; the longest and the 99th-percentile wait
-   (target: every wait under 100 ms), and how long the pass took.
+   (target: every wait under 100 ms), and how long the pass took (target:
+   at most 3 s for 10,000).
 
 The state lives in a temporary directory on the same file system as
 ``$TMPDIR`` (default /tmp); run with ``TMPDIR=/dev/shm`` to see the cost of the
@@ -139,7 +140,7 @@ def bench_startup(launchers: dict[str, str], work: str, runs: int) -> None:
         print(
             f"     start -> exec {to_exec * 1e3:6.2f} ms  ratio {to_exec / base_wall:.2f} (target <= 1.20)"
             f"   whole: wall {wall * 1e3:6.2f} ms  ratio {wall / base_wall:.2f}"
-            f"   CPU {cpu * 1e3:6.2f} ms  ratio {cpu / base_cpu:.2f} (target <= 1.50)"
+            f"   CPU {cpu * 1e3:6.2f} ms  ratio {cpu / base_cpu:.2f} (target <= 1.40)"
         )
 
 
@@ -249,7 +250,10 @@ def bench_big_reconcile(cmk: str, work: str, entries: int = 10000) -> None:
     freed = res.stdout.count(b'"pid"')
     waits.sort()
     p99 = waits[int(len(waits) * 0.99)] if waits else 0.0
-    print(f"4. cmk reconcile over {entries:,} dead entries (one cpulist each): {took:.2f} s, {freed:,} freed")
+    print(
+        f"4. cmk reconcile over {entries:,} dead entries (one cpulist each): {took:.2f} s "
+        f"(target <= 3 s at 10,000), {freed:,} freed"
+    )
     print(
         f"   lock waits of a prober taking the lock every 5 ms meanwhile: {len(waits)} waits, "
         f"max {max(waits, default=0) * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms  (target: max < 100 ms)"

@@ -11,7 +11,8 @@ statistics, the main process's user and system CPU seconds, and with
 ``CPUPOOLS_BENCH_SIZES=1`` the size of each task's result (its JSON) per
 task name, which costs the main process CPU of its own (keep it off when
 timing). It also keeps the wall time of each task (from its start to the
-next task's or play's). Only ansible-core is needed (the bench ran ``ansible.posix.json``
+next task's or play's) and its number of results (one for a task run once
+for the play: the bench's serial part). Only ansible-core is needed (the bench ran ``ansible.posix.json``
 before, which only the development set has).
 """
 
@@ -60,11 +61,14 @@ class CallbackModule(CallbackBase):
         self._failures = []
         self._changed = {}
         self._task_times = {}
+        self._task_results = {}
         self._current = None
         self._sizes = {} if os.environ.get("CPUPOOLS_BENCH_SIZES") == "1" else None
 
     def _count(self, result, failed=False):
         self._tasks += 1
+        name = result.task.get_name()
+        self._task_results[name] = self._task_results.get(name, 0) + 1
         action = str(result.task.action).rpartition(".")[2]
         if action not in CONTROLLER_ACTIONS:
             self._modules += 1
@@ -106,6 +110,8 @@ class CallbackModule(CallbackBase):
 
     def v2_runner_on_skipped(self, result):
         self._tasks += 1
+        name = result.task.get_name()
+        self._task_results[name] = self._task_results.get(name, 0) + 1
 
     def v2_playbook_on_stats(self, stats):
         usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -119,6 +125,7 @@ class CallbackModule(CallbackBase):
             "changed": sum(stats.summarize(host)["changed"] for host in hosts),
             "changed_tasks": self._changed,
             "task_seconds": {name: round(seconds, 3) for name, seconds in self._task_times.items()},
+            "task_results": self._task_results,
             "failures": self._failures,
             "stats": {host: stats.summarize(host) for host in hosts},
         }
