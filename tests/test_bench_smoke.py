@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 from helpers import REPO
 
 
@@ -29,5 +30,32 @@ def test_the_facts_and_plan_bench_prints_each_figure_beside_its_target():
 
 def test_the_big_reconcile_bench_frees_every_entry_and_reports_the_waits():
     out = bench("bench/bench_agent.py", "--only-big-reconcile", "--entries", "300")
-    assert re.search(r"cmk reconcile over 300 dead entries \(one cpulist each\): [\d.]+ s, 300 freed", out), out
+    assert re.search(
+        r"cmk reconcile over 300 dead entries \(one cpulist each\): [\d.]+ s \(target <= 3 s at 10,000\), 300 freed",
+        out,
+    ), out
     assert re.search(r"lock waits .*: \d+ waits, max [\d.]+ ms, p99 [\d.]+ ms  \(target: max < 100 ms\)", out), out
+
+
+@pytest.mark.slow
+def test_the_fleet_bench_prints_the_ratios_the_serial_part_and_the_result_sizes_beside_their_targets():
+    out = bench("bench/fleet_bench.py", "--hosts", "2,3", "--first-hosts", "2", "--rounds", "1", "--no-big", "--sizes")
+    for hosts in (2, 3):
+        assert f"{hosts} hosts, ansible-core" in out, out
+    assert (
+        len(
+            re.findall(
+                r"re-run / ping: wall [\d.]+ \(target <= 1.25\); main-process CPU [\d.]+ \(target <= 1.25\)", out
+            )
+        )
+        == 2
+    )
+    assert (
+        len(re.findall(r"re-run's serial part: tasks run once for the play [\d.]+ s, .* per host [\d.]+ ms", out)) == 2
+    )
+    assert re.search(r"per added host, 2 to 3 hosts, .*ratio [\d.-]+ \(target: .*\); tasks run once", out), out
+    # the converged re-run's plan result, per host, beside its target: a number under it
+    size = re.search(
+        r"^ +(\d+)  cpupools_plan : Plan the CPU pools \(\d+ results\) \(target <= 2000 per host\)$", out, re.M
+    )
+    assert size and int(size.group(1)) <= 2000, out
