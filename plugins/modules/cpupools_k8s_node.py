@@ -37,7 +37,7 @@ options:
     choices: [present, absent]
     default: present
   plan:
-    description: The cpupools plan of the host (the host fact C(cpupools_plan)); required when O(state=present).
+    description: The cpupools plan of the host (the variable C(cpupools_plan)); required when O(state=present).
     type: dict
   labels:
     description: Extra labels to set on the node (removed again by O(state=absent)).

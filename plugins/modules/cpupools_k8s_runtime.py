@@ -131,7 +131,7 @@ def run(module: AnsibleModule) -> dict:
     p = module.params
     node = check_node_name(p["node_name"])
     if p["state"] == "present" and p["runtime"] in CONFIG_RUNTIMES and not p["plan"]:
-        raise K8sError("no plan: run the cpupools_plan role first (the host fact cpupools_plan is missing)", "plan")
+        raise K8sError("no plan: run the cpupools_plan role first (the variable cpupools_plan is missing)", "plan")
     api = connect_api(p, node)
     return ensure_runtime(api, p["runtime"], p["plan"], p["state"], p["ht_policy"], p["namespace"], module.check_mode)
 

@@ -31,7 +31,7 @@ options:
     choices: [present, absent]
     default: present
   plan:
-    description: The plan (host fact C(cpupools_plan)). Required when O(state=present).
+    description: The plan (variable C(cpupools_plan)). Required when O(state=present).
     type: dict
   backend:
     description: Boot loader backend; C(auto) detects it under O(root) (grubby, then GRUB, then kernel-install).

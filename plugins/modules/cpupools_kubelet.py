@@ -46,7 +46,7 @@ options:
     choices: [cmk, kubelet, cpu-pooler, nri-topology-aware, nri-balloons]
     default: cmk
   plan:
-    description: The plan of M(cpupools.cpupools.cpupools_plan) (the host fact C(cpupools_plan)).
+    description: The plan of M(cpupools.cpupools.cpupools_plan) (the variable C(cpupools_plan)).
     type: dict
   topology:
     description:

@@ -37,7 +37,7 @@ options:
     type: path
     default: /etc/cmk
   plan:
-    description: The plan (host fact C(cpupools_plan)); required when O(state=present).
+    description: The plan (variable C(cpupools_plan)); required when O(state=present).
     type: dict
   state:
     description: C(present) writes the state from O(plan); C(absent) removes it.

@@ -27,6 +27,8 @@ PLAYBOOK = """
 - name: Show what the report reads
   hosts: cpupools_nodes
   gather_facts: false
+  roles:
+    - role: cpupools  # the plan (cpupools_plan) is this role's default, read from the plan result
   tasks:
     - name: Show the hugepage facts and plan
       ansible.builtin.debug:

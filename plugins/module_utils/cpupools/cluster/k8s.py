@@ -151,7 +151,7 @@ def desired_node(
             managed_label_keys=managed,
         )
     if not isinstance(plan, Mapping) or "pools" not in plan:
-        raise K8sError("no plan: run the cpupools_plan role first (the host fact cpupools_plan is missing)", "plan")
+        raise K8sError("no plan: run the cpupools_plan role first (the variable cpupools_plan is missing)", "plan")
     excl = count_cpulists(plan, EXCLUSIVE)
     eni = count_cpulists(plan, ENI)
     return NodeWants(

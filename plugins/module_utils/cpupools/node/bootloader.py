@@ -522,7 +522,7 @@ def compute(host: Host, params: Mapping) -> tuple[str, dict, dict]:
     outputs: dict = {}
     if params["state"] == "present":
         if not params.get("plan"):
-            raise KernelArgsError("state=present needs the plan (host fact cpupools_plan)", "plan")
+            raise KernelArgsError("state=present needs the plan (the variable cpupools_plan)", "plan")
         desired, notes = kargs.derive_kernel_args(params["plan"], options, running)
         warnings += kargs.validate_kernel_args(desired, release, config)
         outputs = kargs.housekeeping_outputs(params["plan"])

@@ -643,7 +643,7 @@ def desired_config(params: Mapping[str, object], topology: Topology | None) -> d
         return None
     plan = params.get("plan")
     if not isinstance(plan, Mapping) or "pool_cpus" not in plan:
-        raise KubeletError("no plan: run the cpupools_plan role first (the host fact cpupools_plan is missing)", "plan")
+        raise KubeletError("no plan: run the cpupools_plan role first (the variable cpupools_plan is missing)", "plan")
     if params["runtime"] == "kubelet":
         if topology is None:
             raise KubeletError("no topology facts: run the cpupools_plan role first", "plan")
