@@ -1,8 +1,8 @@
 """Replacing a file whole on the controller or through Ansible: a temporary file beside it, then a move.
 
 The boot loader's drop-ins, the HTML report, the report store's files and the
-controller's store of topologies and plans (plugin_utils/digest_store.py) are written this
-way. ``move`` is ``os.replace`` or the module's
+controller's store of topologies and plans (plugin_utils/digest_store.py) are
+written this way. ``move`` is ``os.replace`` or the module's
 ``AnsibleModule.atomic_move`` (which keeps an SELinux context and the
 replaced file's attributes). The pool state has its own writer
 (node/state.py's ``atomic_write``): it works relative to a directory
