@@ -231,7 +231,7 @@ def main():
         inputs.check_root(values["root"])
         inputs.check_group(values["task_group"])
         plan = host_plan.plan_host(topology, facts, values, planner.make_request(checked.request()), module.run_command)
-        result.update(plan=plan, inputs=values, exports=dict.fromkeys(stage_check.EXPORTS))
+        result.update(plan=plan, inputs=values, exports=dict.fromkeys(inputs.EXPORTS))
         result["cmk_v15"] = stage_check.cmk_v15_configmap(values, host or "")
         stages = {}
         if params["compare"] and values["state"] == "present":

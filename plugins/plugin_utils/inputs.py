@@ -11,7 +11,7 @@ import os
 
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.module_utils.errors import UnsupportedError
-from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.planning.inputs import INTERNAL
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.planning.inputs import EXPORTS, INTERNAL
 from ansible_collections.cpupools.cpupools.plugins.plugin_utils import work_dir
 
 PREFIX = "cpupools_"
@@ -20,17 +20,9 @@ PREFIX = "cpupools_"
 #: which reads each from the host's plan result when a stage reads it (tests/planning/test_inputs.py holds the
 #: two equal). Where a host's value is anything else (a stage set it earlier in the same run, or the inventory
 #: does), the plan play sets them as facts again (roles/cpupools/tasks/plan_facts.yml).
-_EXPORTED = (
-    "cpupools_reboot_required",
-    "cpupools_pending_kernel_args",
-    "cpupools_kernel_cmdline",
-    "cpupools_housekeeping",
-    "cpupools_kernel_status",
-    "cpupools_agent_status",
-)
 EXPORT_DEFAULTS = {
     "cpupools_plan": "{{ (cpupools_plan_result | cpupools.cpupools.planned).plan }}",
-    **{name: f"{{{{ (cpupools_plan_result | cpupools.cpupools.planned).exports.{name} }}}}" for name in _EXPORTED},
+    **{name: f"{{{{ (cpupools_plan_result | cpupools.cpupools.planned).exports.{name} }}}}" for name in EXPORTS},
     # set here for a host the k8s stage skips (the k8s play leaves it out); null otherwise
     "cpupools_k8s_status": (
         "{{ (cpupools_plan_result | cpupools.cpupools.planned).exports.cpupools_k8s_status | default(none) }}"

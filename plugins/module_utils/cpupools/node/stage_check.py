@@ -606,17 +606,6 @@ def agent_leftovers(values: Mapping, root: str) -> list[str]:
     ]
 
 
-#: The facts the kernel and agent stages export (``exports`` below).
-EXPORTS = (
-    "cpupools_reboot_required",
-    "cpupools_pending_kernel_args",
-    "cpupools_kernel_cmdline",
-    "cpupools_housekeeping",
-    "cpupools_kernel_status",
-    "cpupools_agent_status",
-)
-
-
 def kernel_exports(kernel: Mapping) -> dict:
     """The facts the kernel stage sets from its module's result (the module returns them as ``exports``)."""
     return {

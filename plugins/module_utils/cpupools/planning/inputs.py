@@ -639,6 +639,17 @@ SPEC: dict[str, Var] = {
 
 #: Names the roles set or export for each other (facts, registered results,
 #: role vars): known, so never warned about, and never validated as input.
+#: The facts the kernel and agent stages export (node/stage_check.py makes them; the cpupools role's
+#: defaults read them from the plan result where no stage ran: plugin_utils/inputs.py).
+EXPORTS = (
+    "cpupools_reboot_required",
+    "cpupools_pending_kernel_args",
+    "cpupools_kernel_cmdline",
+    "cpupools_housekeeping",
+    "cpupools_kernel_status",
+    "cpupools_agent_status",
+)
+
 INTERNAL = frozenset(
     {
         "plan",
