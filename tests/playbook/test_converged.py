@@ -260,3 +260,10 @@ def test_tags_and_the_safety_valve_on_the_default_inventory(playbook, tmp_path):
     counts = stage_tasks(forced)
     assert counts["kernel"] > 5 and counts["agent"] > 5, counts
     assert forced.changed() == 0
+    # A controller that never built cmk (a fresh checkout, an AWX/AAP job's new container): the node's
+    # copies are compared with the build made in memory; no stage runs and no build is written.
+    fresh = tmp_path / "fresh-work-dir"
+    elsewhere = site(cpupools_work_dir=str(fresh))
+    assert elsewhere.result("Plan the CPU pools")["stages"] == {"kernel": [], "agent": []}
+    assert stage_tasks(elsewhere) == {"kernel": 0, "agent": 0} and elsewhere.changed() == 0
+    assert not (fresh / "build" / "agent").exists()

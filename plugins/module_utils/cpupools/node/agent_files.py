@@ -33,16 +33,20 @@ def parse_build(text: str | None, rc: int | None = 0) -> dict | None:
     """The digests ``scripts/build_agent.py --check`` printed (``<sha256>  <path>  <verdict>`` per file).
 
     None when the build did not run or failed: the agent stage then always runs
-    (and reports the build's own error).
+    (and reports the build's own error). The verdict (whether the controller's
+    own ``build/agent`` holds these bytes yet) is not read: the controller's
+    build is what the agent stage copies from, written by that stage's build
+    task when a node needs a copy, so a controller that never built (a fresh
+    checkout, an AWX/AAP job's new container) does not make a converged node's
+    agent stage run.
     """
     if not text or rc:
         return None
-    out: dict = {"stale": False}
+    out: dict = {}
     for line in text.splitlines():
         parts = line.split("  ")
         if len(parts) != 3:
             continue
-        digest, path, verdict = parts
+        digest, path, _verdict = parts
         out["pyz_sha256" if path.endswith(".pyz") else "launcher_sha256"] = digest
-        out["stale"] = out["stale"] or verdict != "unchanged"
     return out if "pyz_sha256" in out and "launcher_sha256" in out else None

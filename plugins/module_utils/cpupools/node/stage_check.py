@@ -407,7 +407,7 @@ def built_reasons(name: str, root: str, build: Mapping | None, copies: Sequence[
     of mode 0755) are not the build's."""
     if not build:
         return [f"{name}: no build of the agent was given to compare with"]
-    reasons = [f"{name}: the controller's build/agent is out of date"] if build.get("stale") else []
+    reasons = []
     for directory in dict.fromkeys(os.path.dirname(path) or "/" for path, _key in copies):
         reason = directory_difference(root, directory)
         if reason:
