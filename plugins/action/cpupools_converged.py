@@ -52,17 +52,20 @@ from ansible_collections.cpupools.cpupools.plugins.plugin_utils.inputs import (
 def groups(result, refresh=False):
     """``add_group`` and ``parent_groups`` for the module's result; ``refresh``: the exported facts are hidden.
 
-    Besides the stages: ``cpupools_kubelet_lines`` holds the hosts with a
+    Besides the stages: ``cpupools_k8s_skipped_<key>`` holds the hosts the k8s
+    stage skips for one reason (``k8s_skip``: the plan play's message reads one
+    host's result per reason), ``cpupools_kubelet_lines`` the hosts with a
     ``kubelet_line`` (the plan play prints them, reading no other host's
     variables), ``cpupools_plan_refresh`` those whose exported facts another
     value would hide (roles/cpupools/tasks/plan_facts.yml).
     """
     converged = list(result.get("converged") or [])
     skipped = bool(result.get("k8s_skip_reason"))
-    name = "cpupools_converged_set_" + ("_".join(converged) or "none") + ("_k8s_skipped" if skipped else "")
+    key = result.get("k8s_skip") or "unknown"
+    name = "cpupools_converged_set_" + ("_".join(converged) or "none") + (f"_k8s_skipped_{key}" if skipped else "")
     parents = ["cpupools_planned"] + [f"cpupools_converged_{stage}" for stage in converged]
     if skipped:
-        parents.append("cpupools_k8s_skipped")
+        parents += ["cpupools_k8s_skipped", f"cpupools_k8s_skipped_{key}"]
     if result.get("kubelet_line"):
         name += "_kubelet_line"
         parents.append("cpupools_kubelet_lines")

@@ -140,6 +140,13 @@ k8s_skip_reason:
       such hosts out of the k8s play; their C(cpupools_k8s_status) is read from RV(exports).
   returned: success
   type: str
+k8s_skip:
+  description:
+    - The key of RV(k8s_skip_reason), C(disabled) or C(unconfigured); empty when the k8s stage runs. The
+      module's action puts the host in C(cpupools_k8s_skipped_<key>) too, a child of
+      C(cpupools_k8s_skipped), so that the plan play's message reads one host's result per reason.
+  returned: success
+  type: str
 state_warnings:
   description:
     - What the check of the pool state warned about (printed by this module, with the host's name). The
@@ -259,7 +266,7 @@ def main():
     pending = stage_check.todo(stages, enabled, values["state"])
     result.update(todo=pending, converged=[name for name in stage_check.STAGES if name not in pending])
     skip = stage_check.k8s_skip_reason(values)
-    result["k8s_skip_reason"] = skip
+    result.update(k8s_skip=stage_check.k8s_skip(values), k8s_skip_reason=skip)
     if skip and values["state"] == "present":
         result["exports"]["cpupools_k8s_status"] = stage_check.k8s_skipped_status(skip)
     for warning in plan["warnings"]:

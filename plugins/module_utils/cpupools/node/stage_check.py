@@ -631,6 +631,26 @@ def exports(kernel: Mapping, state: Mapping) -> dict:
     return {**kernel_exports(kernel), "cpupools_agent_status": {"present": True, "tasks": state.get("tasks") or {}}}
 
 
+#: Why the k8s stage does nothing on a host, by key (``k8s_skip``): the plan play's action groups such
+#: hosts by key (``cpupools_k8s_skipped_<key>``), so that its message reads one host's result per reason.
+K8S_SKIP_REASONS = {
+    "disabled": "cpupools_k8s_enabled is false",
+    "unconfigured": (
+        "no kubeconfig is configured: set cpupools_k8s_kubeconfig (a path on the controller)"
+        " or cpupools_k8s_in_cluster: true"
+    ),
+}
+
+
+def k8s_skip(values: Mapping) -> str:
+    """The key of ``K8S_SKIP_REASONS`` why the k8s stage does nothing on this host; "" = it runs."""
+    if not values["k8s_enabled"]:
+        return "disabled"
+    if not values["k8s_kubeconfig"] and not values["k8s_in_cluster"]:
+        return "unconfigured"
+    return ""
+
+
 def k8s_skip_reason(values: Mapping) -> str:
     """Why the k8s stage does nothing on this host ("" = it runs): the role's ``cpupools_k8s_skip_reason``.
 
@@ -639,14 +659,8 @@ def k8s_skip_reason(values: Mapping) -> str:
     holds this equal to the role's own variable, which decides when the role
     runs without the plan play (playbooks/uninstall.yml, reboot.yml).
     """
-    if not values["k8s_enabled"]:
-        return "cpupools_k8s_enabled is false"
-    if not values["k8s_kubeconfig"] and not values["k8s_in_cluster"]:
-        return (
-            "no kubeconfig is configured: set cpupools_k8s_kubeconfig (a path on the controller)"
-            " or cpupools_k8s_in_cluster: true"
-        )
-    return ""
+    key = k8s_skip(values)
+    return K8S_SKIP_REASONS[key] if key else ""
 
 
 def k8s_skipped_status(reason: str) -> dict:

@@ -656,6 +656,7 @@ INTERNAL = frozenset(
         "plan_result",
         "plan_agent_build",
         "plan_kubelet_lines",
+        "plan_k8s_skipped",
         "plan_exports",
         "plan_host",
         "kernel_exports",
