@@ -13,7 +13,12 @@
    of ``python3 -I -c pass``), of the whole isolate's wall time, and of its
    CPU time (user+sys of the process and the children it waited for, from
    ``wait4``; target: at most 1.4x), each with its ratio, and the size of
-   ``cmk.pyz``. ``--before DIR`` adds the agent built from another checkout
+   ``cmk.pyz``. Each is built by the ``python3`` that runs it, as a
+   controller of the nodes' Python version builds it; where this
+   interpreter is another version, its build is measured too (the
+   ``.pyc`` of another version is ignored: every module is compiled from
+   source at each start), alone and with ``--python`` naming the node's
+   ``python3`` (``cpupools_agent_bytecode_pythons``). ``--before DIR`` adds the agent built from another checkout
    (for example ``git archive`` of an older commit), in the same rounds;
 2. throughput: 8 concurrent workers looping acquire-run-release
    (``cmk isolate --pool=exclusive -- /bin/true``) on 4 exclusive lists for a
@@ -266,7 +271,7 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="cpupools-bench-") as work:
             out = os.path.join(work, "agent", "cmk")
             subprocess.run(
-                [sys.executable, os.path.join(REPO, "scripts", "build_agent.py"), out],
+                [_which("python3"), os.path.join(REPO, "scripts", "build_agent.py"), out],
                 check=True,
                 stdout=subprocess.DEVNULL,
             )
@@ -280,16 +285,36 @@ def main() -> int:
         checkouts = {"": REPO}
         if "--before" in sys.argv:  # another checkout's agent too, in the same interleaved rounds
             checkouts["before: "] = os.path.abspath(sys.argv[sys.argv.index("--before") + 1])
+        # Built by the python3 that runs cmk here, as a controller of the nodes' Python version builds it:
+        # the .pyc in cmk.pyz is that Python's. A build by another Python version (this .venv's, when it
+        # differs) is measured too: zipimport then compiles every module's source at each start.
+        node_python = _which("python3")
         for label, checkout in checkouts.items():
-            build = [sys.executable, os.path.join(checkout, "scripts", "build_agent.py")]
+            build = [node_python, os.path.join(checkout, "scripts", "build_agent.py")]
             for shebang in ("/bin/sh", "/usr/bin/env python3", "/usr/bin/python3 -IS"):
                 if label and shebang == "/bin/sh":  # an older launcher is Python only
                     continue
                 path = os.path.join(work, f"agent{len(launchers)}", "cmk")
                 subprocess.run([*build, f"--shebang={shebang}", path], check=True, stdout=subprocess.DEVNULL)
                 launchers[f"{label}cmk isolate (#!{shebang})"] = path
+        versions = [
+            subprocess.run(
+                [python, "-c", "import sys; print(sys.implementation.cache_tag)"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
+            for python in (sys.executable, node_python)
+        ]
+        if versions[0] != versions[1]:  # and with the .pyc of the node's version added (--python)
+            for extra in ([], [f"--python={node_python}"]):
+                path = os.path.join(work, f"agent{len(launchers)}", "cmk")
+                build = [sys.executable, os.path.join(REPO, "scripts", "build_agent.py"), *extra, path]
+                subprocess.run(build, check=True, stdout=subprocess.DEVNULL)
+                how = f" {extra[0]}" if extra else ""
+                launchers[f"cmk isolate (#!/bin/sh), built by {versions[0]}{how}, run by {versions[1]}"] = path
         subprocess.run(
-            [sys.executable, os.path.join(REPO, "scripts", "build_agent.py"), out],
+            [node_python, os.path.join(REPO, "scripts", "build_agent.py"), out],
             check=True,
             stdout=subprocess.DEVNULL,
         )

@@ -35,6 +35,13 @@ options:
     description: The launcher's interpreter line, as C(cpupools_agent_shebang) gives it.
     type: str
     default: /bin/sh
+  pythons:
+    description:
+      - Interpreters on the controller that compile the agent's bytecode too, as
+        C(cpupools_agent_bytecode_pythons) gives them (C(--python) of the script).
+    type: list
+    elements: path
+    default: []
 attributes:
   check_mode:
     support: full
@@ -85,12 +92,14 @@ ARGUMENT_SPEC = {
     "script": {"type": "path", "required": True},
     "output": {"type": "path", "required": True},
     "shebang": {"type": "str", "default": "/bin/sh"},
+    "pythons": {"type": "list", "elements": "path", "default": []},
 }
 
 
 def argv(params):
     """The script's command line for the validated options, without the interpreter (the action runs the same)."""
-    return [params["script"], f"--shebang={params['shebang']}", "--check", params["output"]]
+    pythons = [f"--python={python}" for python in params["pythons"]]
+    return [params["script"], f"--shebang={params['shebang']}", *pythons, "--check", params["output"]]
 
 
 def outcome(rc, out, err):

@@ -270,3 +270,59 @@ def test_the_launcher_runs_the_path_python3_isolated_through_sh(alone, tmp_path)
     missing = run_alone([str(alone / "cmk"), *argv], cwd, PATH=str(tmp_path / "nowhere"))
     assert missing.returncode == 127 and "python3" in missing.stderr and missing.stdout == ""
     assert tasks_of(conf, "shared") == {"0": []}
+
+
+def _cache_tag(python: str) -> str:
+    argv = [python, "-c", "import sys; print(sys.implementation.cache_tag)"]
+    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_the_bytecode_of_another_python_is_carried_and_used_first(tmp_path):
+    """``--python`` (``cpupools_agent_bytecode_pythons``): the ``.pyc`` of another Python version in a tree
+    of its own, which that Python imports first instead of compiling every source at each start.
+
+    The build is this test's Python (the .venv's) and the node's ``/usr/bin/python3`` another version,
+    as a controller on ansible-core 2.20+ (Python 3.12 or later) and a Debian 12 node are.
+    """
+    node = "/usr/bin/python3"
+    own, other = _cache_tag(sys.executable), _cache_tag(node)
+    if own == other:
+        pytest.skip(f"{node} is this Python's version ({own}): nothing to compile for another")
+    script = [sys.executable, str(REPO / "scripts" / "build_agent.py")]
+    plain, carried, again = (tmp_path / name / "cmk" for name in ("plain", "carried", "again"))
+    subprocess.run([*script, str(plain)], check=True, capture_output=True)
+    # this Python named again adds nothing: its own .pyc are beside the sources already
+    for out in (carried, again):
+        subprocess.run([*script, f"--python={node}", f"--python={sys.executable}", str(out)], check=True)
+    assert carried.with_suffix(".pyz").read_bytes() == again.with_suffix(".pyz").read_bytes()  # deterministic
+    with zipfile.ZipFile(carried.with_suffix(".pyz")) as zf:
+        names = zf.namelist()
+    modules = sorted(n for n in names if n.startswith("cpupools/") and n.endswith(".py"))
+    assert sorted(n for n in names if n.startswith(f"{other}/")) == [f"{other}/{n}c" for n in modules]
+    assert {n.split("/")[0] for n in names} == {"__main__.py", "__main__.pyc", "cpupools", other}
+
+    conf = write_plan_state(tmp_path / "conf", PLAN_1X)
+    argv = ["isolate", f"--conf-dir={conf}", "--pool=shared", "--", "/bin/sh", "-c", "echo $CMK_CPUS_ASSIGNED"]
+    for launcher, tree in ((carried, f"cmk.pyz/{other}/"), (plain, "cmk.pyz/")):
+        res = run_alone([node, "-v", "-IS", str(launcher), *argv], tmp_path)
+        assert (res.returncode, res.stdout) == (0, "0\n"), res.stderr[-2000:]
+        imported = [line for line in res.stderr.splitlines() if line.startswith("import 'cpupools")]
+        assert imported and all(f"{launcher.parent}/{tree}" in line for line in imported), (tree, imported)
+        # the build's own .pyc are of another version: refused, and every source compiled (the control)
+        assert ("bad magic number" in res.stderr) is (launcher == plain), launcher
+    # run as a zipapp (the housekeeper's unit: python3 -IS cpupools.pyz), its __main__ does the same
+    res = run_alone([node, "-v", "-IS", str(carried.with_suffix(".pyz")), "--help"], tmp_path)
+    imported = [line for line in res.stderr.splitlines() if line.startswith("import 'cpupools")]
+    assert res.returncode == 0 and res.stdout.startswith("usage:") and imported
+    assert all(f"{carried.parent}/cmk.pyz/{other}/" in line for line in imported), imported
+    # the build's own Python still imports its .pyc beside the sources
+    res = run_alone([sys.executable, "-v", "-IS", str(carried), *argv], tmp_path)
+    assert res.returncode == 0 and "bad magic number" not in res.stderr
+    assert f'"{carried.parent}/cmk.pyz/cpupools/">' in res.stderr
+
+    # a Python that cannot be run is refused by name, and nothing is written
+    bad = subprocess.run(
+        [*script, "--python=/nonexistent/python3", str(tmp_path / "bad" / "cmk")], capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and "--python='/nonexistent/python3'" in bad.stderr, bad.stderr
+    assert not (tmp_path / "bad").exists()

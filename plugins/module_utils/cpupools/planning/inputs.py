@@ -441,6 +441,11 @@ def _shebang(raw: object, field: str) -> str:
     return text
 
 
+def _pythons(raw: object, field: str) -> list[str]:
+    """Interpreters on the controller (absolute paths) that compile the agent's bytecode besides its own."""
+    return [to_path(item, field) for item in to_list(raw, field)]
+
+
 def _page_size(raw: object, field: str) -> str:
     """A hugepage size (``1G``, ``2M``) or ``""`` for the kernel's own default."""
     text = to_str(raw, field, allow_empty=True)
@@ -578,6 +583,7 @@ SPEC: dict[str, Var] = {
     "conf_dir": _var("agent verify", _path(), "/etc/cmk", "path"),
     "agent_path": _var("agent", _path(), AGENT_PATH, "path"),
     "agent_shebang": _var("agent", _shebang, "/bin/sh"),
+    "agent_bytecode_pythons": _var("agent", _pythons, [], "list"),
     "reconcile_interval": _var("agent", _int(1, 86400), 60, "int"),
     "task_group": _var("agent", _task_group, ""),
     "metrics_dir": _var("agent verify", _path(allow_empty=True), ""),
