@@ -56,14 +56,19 @@ def controller_refusal(host, values):
     kubeconfig the k8s stage would use must be a file here, or that stage
     would fail after the kernel and agent stages have changed the node.
     Relative paths are left to the k8s stage (they depend on its directory).
+    Each of ``cpupools_agent_bytecode_pythons`` must be a program here: the
+    agent stage's build runs it.
     """
+    where = f"host {host}: " if host else ""
+    for python in (values or {}).get("agent_bytecode_pythons") or ():
+        if not (os.path.isfile(python) and os.access(python, os.X_OK)):
+            return f"{where}cpupools_agent_bytecode_pythons: {python} is not a program on the controller"
     if not values or not values.get("k8s_enabled") or values.get("k8s_in_cluster"):
         return None
     kubeconfig = values.get("k8s_kubeconfig") or ""
     path = os.path.expanduser(os.path.expandvars(kubeconfig))
     if not kubeconfig or not os.path.isabs(path) or os.path.isfile(path):
         return None
-    where = f"host {host}: " if host else ""
     return f"{where}cpupools_k8s_kubeconfig: kubeconfig {path} does not exist or is not a file on the controller"
 
 

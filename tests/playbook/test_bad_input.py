@@ -359,6 +359,18 @@ CASES = [
         cli=("cpupools_k8s_kubeconfig=/nonexistent/kubeconfig",),
     ),
     Case(
+        "bytecode-python-missing",  # a program on the controller: checked by the plan module's action too
+        "cpupools_agent_bytecode_pythons",
+        "/nonexistent/python3 is not a program on the controller",
+        cli=("cpupools_agent_bytecode_pythons=/usr/bin/python3,/nonexistent/python3",),
+    ),
+    Case(
+        "bytecode-python-relative",
+        "cpupools_agent_bytecode_pythons",
+        "'python3.11' is not an absolute path",
+        json={"cpupools_agent_bytecode_pythons": ["python3.11"]},
+    ),
+    Case(
         "poll-nan",
         "cpupools_k8s_drain_poll_interval",
         "'nan' is not a number of seconds",
