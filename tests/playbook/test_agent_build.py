@@ -27,19 +27,23 @@ BUILD = """\
         script: "{{ script }}"
         output: "{{ output }}"
         shebang: "{{ shebang | default(omit) }}"
+        pythons: "{{ pythons | default(omit) }}"
       register: build
 """
 
 
-@pytest.mark.parametrize("shebang", [None, "/usr/bin/env -S python3 -IS"])
-def test_agent_build_gives_the_scripts_lines_and_writes_nothing(playbook, tmp_path, shebang):
+@pytest.mark.parametrize(
+    ("shebang", "pythons"), [(None, None), ("/usr/bin/env -S python3 -IS", None), (None, ["/usr/bin/python3"])]
+)
+def test_agent_build_gives_the_scripts_lines_and_writes_nothing(playbook, tmp_path, shebang, pythons):
     output = tmp_path / "build" / "cmk"
-    options = [f"--shebang={shebang}"] if shebang else []
+    options = ([f"--shebang={shebang}"] if shebang else []) + [f"--python={python}" for python in pythons or []]
     script = subprocess.run(
         [sys.executable, str(SCRIPT), *options, "--check", str(output)], capture_output=True, text=True, check=True
     )
     assert script.stdout.count("would be written") == 2  # nothing built there yet: the lines say so
     extra = {"script": str(SCRIPT), "output": str(output)} | ({"shebang": shebang} if shebang else {})
+    extra |= {"pythons": pythons} if pythons else {}
     for mode in ([], ["--check"]):
         run = playbook(BUILD, extra, *mode)
         assert run.rc == 0, run.stdout + run.stderr
@@ -68,8 +72,16 @@ def test_agent_build_failures_say_why(playbook, tmp_path):
     assert result["failed"] is True and result["rc"] == 2
     assert result["msg"].startswith("cpupools agent build: ") and "nowhere.py" in result["msg"]
 
+    no_python = playbook(BUILD, {"script": str(SCRIPT), "output": output, "pythons": ["/nonexistent/python3"]})
+    result = no_python.result("Build")
+    assert result["failed"] is True and result["rc"] == 2 and not (tmp_path / "build").exists()
+    assert result["msg"] == (
+        "cpupools agent build: build_agent.py: --python='/nonexistent/python3': No such file or directory"
+    )
+
     misspelt = BUILD.replace('shebang: "{{ shebang | default(omit) }}"', "shebangs: /usr/bin/python3")
     unknown = playbook(misspelt, {"script": str(SCRIPT), "output": output})
     assert unknown.result("Build")["msg"] == (
-        "cpupools agent build: unsupported parameters: shebangs. Supported parameters include: output, script, shebang."
+        "cpupools agent build: unsupported parameters: shebangs. Supported parameters include: output, pythons, script,"
+        " shebang."
     )
