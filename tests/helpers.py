@@ -67,6 +67,12 @@ class PlaybookResult:
         return "\n".join(out)
 
 
+def cache_tag(python: str) -> str:
+    """``sys.implementation.cache_tag`` of the interpreter ``python`` (whose ``.pyc`` cmk's zipapp carries)."""
+    argv = [python, "-c", "import sys; print(sys.implementation.cache_tag)"]
+    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip()
+
+
 def ansible_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from agent_support import PLAN_1X, REPO, make_plan, tasks_of, write_plan_state
+from helpers import cache_tag
 
 #: Run in a process of its own: import cmk from the .pyz given, run it, append the
 #: cpupools modules it loaded (their files) to OUT at exit and at any exec.
@@ -272,11 +273,6 @@ def test_the_launcher_runs_the_path_python3_isolated_through_sh(alone, tmp_path)
     assert tasks_of(conf, "shared") == {"0": []}
 
 
-def _cache_tag(python: str) -> str:
-    argv = [python, "-c", "import sys; print(sys.implementation.cache_tag)"]
-    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip()
-
-
 def test_the_bytecode_of_another_python_is_carried_and_used_first(tmp_path):
     """``--python`` (``cpupools_agent_bytecode_pythons``): the ``.pyc`` of another Python version in a tree
     of its own, which that Python imports first instead of compiling every source at each start.
@@ -285,7 +281,7 @@ def test_the_bytecode_of_another_python_is_carried_and_used_first(tmp_path):
     as a controller on ansible-core 2.20+ (Python 3.12 or later) and a Debian 12 node are.
     """
     node = "/usr/bin/python3"
-    own, other = _cache_tag(sys.executable), _cache_tag(node)
+    own, other = cache_tag(sys.executable), cache_tag(node)
     if own == other:
         pytest.skip(f"{node} is this Python's version ({own}): nothing to compile for another")
     script = [sys.executable, str(REPO / "scripts" / "build_agent.py")]

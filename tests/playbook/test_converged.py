@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import zipfile
 from collections import defaultdict
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import REPO, run_playbook
+from helpers import REPO, cache_tag, run_playbook
 from sysfs import CORPUS, write_tree
 
 pytestmark = pytest.mark.slow
@@ -273,9 +272,7 @@ def test_tags_and_the_safety_valve_on_the_default_inventory(playbook, tmp_path):
     # cpupools_agent_bytecode_pythons, as -e text: the build carries the .pyc of that Python's version (when
     # it is another than the controller's), the agent stage installs it once, and the re-run is converged.
     node_python = "/usr/bin/python3"
-    other = subprocess.run(
-        [node_python, "-c", "import sys; print(sys.implementation.cache_tag)"], capture_output=True, text=True
-    ).stdout.strip()
+    other = cache_tag(node_python)
     carried = site("-e", f"cpupools_agent_bytecode_pythons={node_python}")
     reasons = carried.result("Plan the CPU pools")["stages"]["agent"]
     assert ("cmk: /opt/bin/cmk.pyz differs from the build" in reasons) is (other != sys.implementation.cache_tag)
