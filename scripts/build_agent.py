@@ -311,6 +311,13 @@ def main(argv: list[str]) -> int:
             check = True
         elif arg.startswith("--stage="):
             stage = arg.partition("=")[2]
+        elif arg in ("-h", "--help"):
+            print(__doc__.partition("\n\n")[2].partition("\n\n")[0])
+            return 0
+        elif arg.startswith("-"):
+            # (an option it does not know would otherwise be taken for OUTPUT and written to)
+            print(f"build_agent.py: unknown option {arg!r} (--help says which there are)", file=sys.stderr)
+            return 2
         else:
             args.append(arg)
     if stage is not None and (not check or not os.path.isdir(stage)):

@@ -322,3 +322,14 @@ def test_the_bytecode_of_another_python_is_carried_and_used_first(tmp_path):
     )
     assert bad.returncode == 2 and "--python='/nonexistent/python3'" in bad.stderr, bad.stderr
     assert not (tmp_path / "bad").exists()
+
+
+def test_help_and_unknown_options_write_nothing(tmp_path):
+    """``--help`` prints the usage; an option the script does not know is refused: neither is taken for
+    OUTPUT (``build_agent.py --help`` in a shell's current directory wrote ``--help`` and ``--help.pyz``)."""
+    script = [sys.executable, str(REPO / "scripts" / "build_agent.py")]
+    shown = subprocess.run([*script, "--help"], cwd=tmp_path, capture_output=True, text=True)
+    assert shown.returncode == 0 and shown.stdout.startswith("Usage:") and "--python=PATH" in shown.stdout
+    wrong = subprocess.run([*script, "--out=x"], cwd=tmp_path, capture_output=True, text=True)
+    assert wrong.returncode == 2 and "unknown option '--out=x'" in wrong.stderr, wrong.stderr
+    assert list(tmp_path.iterdir()) == []
