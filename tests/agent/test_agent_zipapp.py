@@ -12,6 +12,7 @@ loaded (at exit, and in isolate's child at ``exec``).
 from __future__ import annotations
 
 import json
+import marshal
 import os
 import shutil
 import subprocess
@@ -274,8 +275,9 @@ def test_the_launcher_runs_the_path_python3_isolated_through_sh(alone, tmp_path)
 
 
 def test_the_bytecode_of_another_python_is_carried_and_used_first(tmp_path):
-    """``--python`` (``cpupools_agent_bytecode_pythons``): the ``.pyc`` of another Python version in a tree
-    of its own, which that Python imports first instead of compiling every source at each start.
+    """``--python`` (``cpupools_agent_bytecode_pythons``): the bytecode of another Python version in a member
+    of its own (``cpupools-bytecode/<cache tag>``), from which that Python imports every module of the agent
+    at once instead of compiling every source at each start.
 
     The build is this test's Python (the .venv's) and the node's ``/usr/bin/python3`` another version,
     as a controller on ansible-core 2.20+ (Python 3.12 or later) and a Debian 12 node are.
@@ -287,34 +289,37 @@ def test_the_bytecode_of_another_python_is_carried_and_used_first(tmp_path):
     script = [sys.executable, str(REPO / "scripts" / "build_agent.py")]
     plain, carried, again = (tmp_path / name / "cmk" for name in ("plain", "carried", "again"))
     subprocess.run([*script, str(plain)], check=True, capture_output=True)
-    # this Python named again adds nothing: its own .pyc are beside the sources already
+    # this Python named again adds nothing: its own version's member is there already
     for out in (carried, again):
         subprocess.run([*script, f"--python={node}", f"--python={sys.executable}", str(out)], check=True)
     assert carried.with_suffix(".pyz").read_bytes() == again.with_suffix(".pyz").read_bytes()  # deterministic
     with zipfile.ZipFile(carried.with_suffix(".pyz")) as zf:
         names = zf.namelist()
-    modules = sorted(n for n in names if n.startswith("cpupools/") and n.endswith(".py"))
-    assert sorted(n for n in names if n.startswith(f"{other}/")) == [f"{other}/{n}c" for n in modules]
-    assert {n.split("/")[0] for n in names} == {"__main__.py", "__main__.pyc", "cpupools", other}
+        tables = {tag: marshal.loads(zf.read(f"cpupools-bytecode/{tag}")) for tag in (own, other)}
+    sources = sorted(n for n in names if n.startswith("cpupools/") and n.endswith(".py"))
+    assert sorted(n for n in names if not n.startswith("cpupools/")) == sorted(
+        ["__main__.py", "__main__.pyc", f"cpupools-bytecode/{own}", f"cpupools-bytecode/{other}"]
+    )
+    for table in tables.values():  # every module's code, under its module name, and the finder's ("")
+        assert sorted(where for key, (where, _code) in table.items() if key) == sources
+        assert table["cpupools.agent.agent"][0] == "cpupools/agent/agent.py" and "" in table
 
     conf = write_plan_state(tmp_path / "conf", PLAN_1X)
     argv = ["isolate", f"--conf-dir={conf}", "--pool=shared", "--", "/bin/sh", "-c", "echo $CMK_CPUS_ASSIGNED"]
-    for launcher, tree in ((carried, f"cmk.pyz/{other}/"), (plain, "cmk.pyz/")):
+    for launcher, loader in ((carried, "<class 'Bytecode'>"), (plain, f'<zipimporter object "{plain}.pyz/')):
         res = run_alone([node, "-v", "-IS", str(launcher), *argv], tmp_path)
         assert (res.returncode, res.stdout) == (0, "0\n"), res.stderr[-2000:]
         imported = [line for line in res.stderr.splitlines() if line.startswith("import 'cpupools")]
-        assert imported and all(f"{launcher.parent}/{tree}" in line for line in imported), (tree, imported)
-        # the build's own .pyc are of another version: refused, and every source compiled (the control)
-        assert ("bad magic number" in res.stderr) is (launcher == plain), launcher
+        # from the member of 3.11's bytecode; the build without it (the control): each source from the zip
+        assert imported and all(f"# {loader}" in line for line in imported), (loader, imported)
     # run as a zipapp (the housekeeper's unit: python3 -IS cpupools.pyz), its __main__ does the same
     res = run_alone([node, "-v", "-IS", str(carried.with_suffix(".pyz")), "--help"], tmp_path)
     imported = [line for line in res.stderr.splitlines() if line.startswith("import 'cpupools")]
     assert res.returncode == 0 and res.stdout.startswith("usage:") and imported
-    assert all(f"{carried.parent}/cmk.pyz/{other}/" in line for line in imported), imported
-    # the build's own Python still imports its .pyc beside the sources
+    assert all("# <class 'Bytecode'>" in line for line in imported), imported
+    # the build's own Python too, from its own member
     res = run_alone([sys.executable, "-v", "-IS", str(carried), *argv], tmp_path)
-    assert res.returncode == 0 and "bad magic number" not in res.stderr
-    assert f'"{carried.parent}/cmk.pyz/cpupools/">' in res.stderr
+    assert res.returncode == 0 and "import 'cpupools.agent.agent' # <class 'Bytecode'>" in res.stderr
 
     # a Python that cannot be run is refused by name, and nothing is written
     bad = subprocess.run(
