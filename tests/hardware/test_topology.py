@@ -188,12 +188,26 @@ def test_l3_found_when_index3_is_not_the_l3(make_root):
 
 
 def test_inconsistent_l3_and_distances_are_refused(make_root):
+    cache = "sys/devices/system/cpu/cpu{}/cache/index3/{}"
     root = make_root(Spec(sockets=1, cores_per_socket=4, threads=1, l3_cores=2))
-    path = os.path.join(root, "sys/devices/system/cpu/cpu1/cache/index3/shared_cpu_list")
-    with open(path, "w") as handle:
+    # The L3 is read for one CPU per domain (cpu0 for 0-1, cpu2 for 2-3): a list that claims a CPU of
+    # another domain makes two domains of that CPU.
+    with open(os.path.join(root, cache.format(0, "shared_cpu_list")), "w") as handle:
         handle.write("0-2\n")
-    with pytest.raises(TopologyError, match=r"L3 cache 0 is shared by CPUs 0-1 according to one CPU and by 0-2"):
+    with pytest.raises(TopologyError, match=r"cpu2 is in L3 cache 0 and in L3 cache 1 \(according to cpu3\)"):
         gather_topology(str(root))
+    # One id with two lists.
+    root = make_root(Spec(sockets=1, cores_per_socket=4, threads=1, l3_cores=2), "same-id")
+    with open(os.path.join(root, cache.format(2, "id")), "w") as handle:
+        handle.write("0\n")
+    with pytest.raises(TopologyError, match=r"L3 cache 0 is shared by CPUs 0-1 according to one CPU and by 2-3"):
+        gather_topology(str(root))
+    # A CPU's own file is not read where another CPU's list already named it (the plan needs one list per
+    # domain; the kernel writes every CPU's from the same map): cpu1 follows cpu0's list.
+    root = make_root(Spec(sockets=1, cores_per_socket=4, threads=1, l3_cores=2), "covered")
+    with open(os.path.join(root, cache.format(1, "shared_cpu_list")), "w") as handle:
+        handle.write("0-2\n")
+    assert gather_topology(str(root)).to_facts()["l3_domains"] == {"0": "0-1", "1": "2-3"}
     root = make_root(Spec(sockets=2, cores_per_socket=2, threads=1), "two")
     with open(os.path.join(root, "sys/devices/system/node/node1/distance"), "w") as handle:
         handle.write("32 ten\n")

@@ -43,7 +43,6 @@ from .locality import (
     CPU_DIR,
     NODE_DIR,
     cache_domain,
-    l3_domain,
     node_of_cpus,
     parse_distances,
     read_l2,
@@ -557,17 +556,11 @@ def build_topology(files: Mapping[str, str | None]) -> Topology:
     core_types = _core_types(files, online & possible, limit)
     cpus = {}
     freqs = {}
-    l3_members: dict[int, tuple[int, ...]] = {}
     parsed: dict[str, tuple[int, ...]] = {}
-    l3_seen: dict[tuple[str | None, str | None], tuple[int, tuple[int, ...], frozenset[int]]] = {}
-    # read_cpu_tree reads the L2 of one CPU per domain: the others take it from there.
-    l2_of: dict[int, int] = {}
-    for cpu_id in sorted(online & possible):
-        shared = files.get(f"{base}/cpu{cpu_id}/{L2_SHARED}")
-        l2 = cache_domain(cpu_id, shared, files.get(f"{base}/cpu{cpu_id}/{L2_ID}"), "L2")
-        if l2 is not None:
-            for member in l2[1]:
-                l2_of.setdefault(member, l2[0])
+    # read_cpu_tree reads the L3 and the L2 of one CPU per domain: the others take theirs from there (two
+    # domains that claim one CPU are refused).
+    l3_of = _domains_of(files, online & possible, L3_SHARED, L3_ID, "L3")
+    l2_of = _domains_of(files, online & possible, L2_SHARED, L2_ID, "L2")
     for cpu_id in sorted(online & possible):
         path = f"{base}/cpu{cpu_id}/topology"
         siblings_text = files.get(f"{path}/thread_siblings_list")
@@ -583,19 +576,6 @@ def build_topology(files: Mapping[str, str | None]) -> Topology:
         freq = files.get(f"{base}/cpu{cpu_id}/cpufreq/base_frequency")
         if freq is not None:
             freqs[cpu_id] = _int(freq, f"{base}/cpu{cpu_id}/cpufreq/base_frequency")
-        texts = (files.get(f"{base}/cpu{cpu_id}/{L3_SHARED}"), files.get(f"{base}/cpu{cpu_id}/{L3_ID}"))
-        l3 = l3_seen.get(texts)  # the texts every CPU of the domain read: judged once
-        if l3 is None or cpu_id not in l3[2]:
-            l3 = l3_domain(cpu_id, *texts)
-            if l3 is not None:
-                members = tuple(c for c in l3[1] if c in online)
-                known = l3_members.setdefault(l3[0], members)
-                if known != members:
-                    raise TopologyError(
-                        f"L3 cache {l3[0]} is shared by CPUs {format_cpulist(known)} according to one CPU and by "
-                        f"{format_cpulist(members)} according to cpu{cpu_id}; sysfs cache information is inconsistent"
-                    )
-                l3 = l3_seen[texts] = (l3[0], l3[1], frozenset(l3[1]))
         capacity = files.get(f"{base}/cpu{cpu_id}/{CAPACITY}")
         cpus[cpu_id] = Cpu(
             id=cpu_id,
@@ -605,7 +585,7 @@ def build_topology(files: Mapping[str, str | None]) -> Topology:
             core_id=_int(files.get(f"{path}/core_id"), f"{path}/core_id"),
             siblings=siblings,
             base_frequency_khz=freqs.get(cpu_id),
-            l3=None if l3 is None else l3[0],
+            l3=l3_of.get(cpu_id),
             l2=l2_of.get(cpu_id),
             core_type=core_types.get(cpu_id),
             capacity=None if capacity is None else _int(capacity, f"{base}/cpu{cpu_id}/{CAPACITY}"),
@@ -633,6 +613,44 @@ def build_topology(files: Mapping[str, str | None]) -> Topology:
         smt_control=(files.get(SMT_CONTROL) or "").strip() or None,
         smt_active=None if smt_active is None else smt_active.strip() == "1",
     )
+
+
+def _domains_of(
+    files: Mapping[str, str | None], online: set[int], shared: str, ident: str, level: str
+) -> dict[int, int]:
+    """CPU -> the id of its ``level`` cache, from the cache files of the CPUs ``read_cpu_tree`` read them for.
+
+    A CPU whose files were not read takes the domain whose list names it. Two
+    domains naming one online CPU (or one domain read twice with two lists)
+    is a sysfs that contradicts itself: refused, as the kernel never shows it.
+    """
+    of: dict[int, int] = {}
+    members_of: dict[int, tuple[int, ...]] = {}
+    seen: dict[tuple[str | None, str | None], tuple[int, tuple[int, ...]] | None] = {}
+    for cpu in sorted(online):
+        texts = (files.get(f"{CPU_DIR}/cpu{cpu}/{shared}"), files.get(f"{CPU_DIR}/cpu{cpu}/{ident}"))
+        if texts == (None, None):
+            continue
+        domain = seen.get(texts, False)  # the texts every CPU of a domain reads (a fixture gives them all)
+        if domain is not False and (domain is None or cpu in domain[1]):
+            continue  # judged already
+        domain = seen[texts] = cache_domain(cpu, *texts, level)
+        if domain is None:
+            continue
+        members = tuple(c for c in domain[1] if c in online)
+        known = members_of.setdefault(domain[0], members)
+        if known != members:
+            raise TopologyError(
+                f"{level} cache {domain[0]} is shared by CPUs {format_cpulist(known)} according to one CPU and by "
+                f"{format_cpulist(members)} according to cpu{cpu}; sysfs cache information is inconsistent"
+            )
+        for member in members:
+            if of.setdefault(member, domain[0]) != domain[0]:
+                raise TopologyError(
+                    f"cpu{member} is in {level} cache {of[member]} and in {level} cache {domain[0]} "
+                    f"(according to cpu{cpu}); sysfs cache information is inconsistent"
+                )
+    return of
 
 
 def _cpu_file(files: Mapping[str, str | None], key: str, limit: int) -> tuple[int, ...]:
@@ -692,15 +710,15 @@ def read_cpu_tree(root: str = "/") -> dict[str, str | None]:
         files[key] = read_text(os.path.join(root, key))
     files[CMDLINE] = read_text(os.path.join(root, CMDLINE))
     l2_read: set[int] = set()
+    l3_read: set[int] = set()
     node_of = node_of_cpus(read_node_cpus(root))
     for node, row in read_node_distances(root).items():
         files[f"{NODE_DIR}/node{node}/distance"] = row
-    # Paths by f-string, not os.path.join: 16,000 joins were a sixth of the read on 1,024 CPUs.
-    for name in entries:
-        m = _CPU_RE.match(name)
-        if not m:
-            continue
-        cpu = int(m.group(1))
+    # In CPU order, so that the CPU that reads a cache domain's files is always its lowest (not the
+    # directory's order). Paths by f-string, not os.path.join: 16,000 joins were a sixth of the read on
+    # 1,024 CPUs.
+    numbered = sorted((int(m.group(1)), name) for name in entries if (m := _CPU_RE.match(name)))
+    for cpu, name in numbered:
         files[f"cpus/{cpu}"] = name
         rel = f"{CPU_DIR}/{name}"
         path = f"{cpu_dir}/{name}"
@@ -711,7 +729,11 @@ def read_cpu_tree(root: str = "/") -> dict[str, str | None]:
         if files[f"{rel}/topology/thread_siblings_list"] is None:  # its newer name, read only where it is missing
             files[f"{rel}/topology/core_cpus_list"] = read_text(f"{path}/topology/core_cpus_list")
         files[f"{rel}/cpufreq/base_frequency"] = read_text(f"{path}/cpufreq/base_frequency")
-        files[f"{rel}/{L3_SHARED}"], files[f"{rel}/{L3_ID}"] = read_l3(root, cpu)
+        if cpu not in l3_read:  # one CPU per L3, as per L2: the domain's list names the others
+            shared, ident = files[f"{rel}/{L3_SHARED}"], files[f"{rel}/{L3_ID}"] = read_l3(root, cpu)
+            if shared is not None:
+                with contextlib.suppress(CpupoolsError):  # build_topology reports it
+                    l3_read.update(parse_cpulist(shared, f"{rel} L3 shared_cpu_list"))
         files[f"{rel}/{CAPACITY}"] = read_text(f"{path}/{CAPACITY}")
         if cpu not in l2_read:  # one CPU per L2: a core's siblings and a module's cores share it
             shared, ident = read_l2(root, cpu)
