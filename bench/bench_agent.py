@@ -16,10 +16,11 @@
    ``cmk.pyz``. Each is built by the ``python3`` that runs it, as a
    controller of the nodes' Python version builds it; where this
    interpreter is another version, its build is measured too (the
-   ``.pyc`` of another version is ignored: every module is compiled from
+   bytecode of another version is of no use: every module is compiled from
    source at each start), alone and with ``--python`` naming the node's
-   ``python3`` (``cpupools_agent_bytecode_pythons``). ``--before DIR`` adds the agent built from another checkout
-   (for example ``git archive`` of an older commit), in the same rounds;
+   ``python3`` (``cpupools_agent_bytecode_pythons``). ``--before DIR`` adds
+   the agent built from another checkout (for example a ``git worktree`` of
+   an older commit), in the same rounds;
 2. throughput: 8 concurrent workers looping acquire-run-release
    (``cmk isolate --pool=exclusive -- /bin/true``) on 4 exclusive lists for a
    fixed time; cycles per second, and how often a worker found no free list;
@@ -286,13 +287,15 @@ def main() -> int:
         if "--before" in sys.argv:  # another checkout's agent too, in the same interleaved rounds
             checkouts["before: "] = os.path.abspath(sys.argv[sys.argv.index("--before") + 1])
         # Built by the python3 that runs cmk here, as a controller of the nodes' Python version builds it:
-        # the .pyc in cmk.pyz is that Python's. A build by another Python version (this .venv's, when it
-        # differs) is measured too: zipimport then compiles every module's source at each start.
+        # the bytecode in cmk.pyz is that Python's. A build by another Python version (this .venv's, when
+        # it differs) is measured too: zipimport then compiles every module's source at each start.
         node_python = _which("python3")
         for label, checkout in checkouts.items():
             build = [node_python, os.path.join(checkout, "scripts", "build_agent.py")]
+            with open(build[1]) as handle:
+                runs_sh = '"exec" "python3"' in handle.read()  # a launcher before issue 29's is Python only
             for shebang in ("/bin/sh", "/usr/bin/env python3", "/usr/bin/python3 -IS"):
-                if label and shebang == "/bin/sh":  # an older launcher is Python only
+                if shebang == "/bin/sh" and not runs_sh:
                     continue
                 path = os.path.join(work, f"agent{len(launchers)}", "cmk")
                 subprocess.run([*build, f"--shebang={shebang}", path], check=True, stdout=subprocess.DEVNULL)
@@ -306,7 +309,7 @@ def main() -> int:
             ).stdout.strip()
             for python in (sys.executable, node_python)
         ]
-        if versions[0] != versions[1]:  # and with the .pyc of the node's version added (--python)
+        if versions[0] != versions[1]:  # and with the bytecode of the node's version added (--python)
             for extra in ([], [f"--python={node_python}"]):
                 path = os.path.join(work, f"agent{len(launchers)}", "cmk")
                 build = [sys.executable, os.path.join(REPO, "scripts", "build_agent.py"), *extra, path]

@@ -140,9 +140,7 @@ LAUNCHER = (
     "import os\n"
     "import sys\n\n"
     'ZIPAPP = os.path.realpath(__file__) + ".pyz"\n'
-    "sys.path.insert(0, ZIPAPP)\n"
-    + LOAD.replace("{", "{{").replace("}", "}}")
-    + "try:\n"
+    "sys.path.insert(0, ZIPAPP)\n" + LOAD.replace("{", "{{").replace("}", "}}") + "try:\n"
     "    from cpupools.agent.agent import leave, main\n"
     "except ImportError as exc:\n"
     '    sys.stderr.write(f"cmk: cannot load {{ZIPAPP}}: {{exc}}\\n")\n'
@@ -153,9 +151,7 @@ MAIN = (
     '"""cmk: the cpupools node agent (built by scripts/build_agent.py)."""\n'
     "import sys\n\n"
     "# Run as python3 cmk.pyz (the housekeeper's unit): the modules from this Python's bytecode, as in the launcher.\n"
-    "ZIPAPP = sys.path[0]\n"
-    + LOAD
-    + "from cpupools.agent.agent import leave, main  # noqa: E402\n\n"
+    "ZIPAPP = sys.path[0]\n" + LOAD + "from cpupools.agent.agent import leave, main  # noqa: E402\n\n"
     "leave(main())\n"
 )
 
