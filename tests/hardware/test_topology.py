@@ -217,3 +217,15 @@ def test_inconsistent_l3_and_distances_are_refused(make_root):
         handle.write("32\n")
     with pytest.raises(TopologyError, match=r"node1/distance has 1 entries for 2 NUMA nodes"):
         gather_topology(str(root))
+
+
+def test_an_l2_id_given_twice_is_not_refused(make_root):
+    """The L2 has never been checked for ids given twice (an arm64 firmware's cache ids need not be unique):
+    each CPU takes the first L2, in CPU order, that names it; the L3's check is not the L2's."""
+    root = make_root(Spec(sockets=1, cores_per_socket=4, threads=1, l3_cores=4, l2_cores=2))
+    for cpu in range(4):
+        with open(os.path.join(root, f"sys/devices/system/cpu/cpu{cpu}/cache/index2/id"), "w") as handle:
+            handle.write("7\n")
+    facts = gather_topology(str(root)).to_facts()
+    assert [c["l2"] for c in facts["cpus"]] == [7, 7, 7, 7]
+    assert facts["l3_domains"] == {"0": "0-3"}

@@ -558,9 +558,10 @@ def build_topology(files: Mapping[str, str | None]) -> Topology:
     freqs = {}
     parsed: dict[str, tuple[int, ...]] = {}
     # read_cpu_tree reads the L3 and the L2 of one CPU per domain: the others take theirs from there (two
-    # domains that claim one CPU are refused).
+    # L3 caches that claim one CPU are refused; the L2 was never checked, and stays so: an arm64 firmware's
+    # cache ids need not be unique, and the first domain to name a CPU is its L2).
     l3_of = _domains_of(files, online & possible, L3_SHARED, L3_ID, "L3")
-    l2_of = _domains_of(files, online & possible, L2_SHARED, L2_ID, "L2")
+    l2_of = _domains_of(files, online & possible, L2_SHARED, L2_ID, "L2", strict=False)
     for cpu_id in sorted(online & possible):
         path = f"{base}/cpu{cpu_id}/topology"
         siblings_text = files.get(f"{path}/thread_siblings_list")
@@ -616,13 +617,14 @@ def build_topology(files: Mapping[str, str | None]) -> Topology:
 
 
 def _domains_of(
-    files: Mapping[str, str | None], online: set[int], shared: str, ident: str, level: str
+    files: Mapping[str, str | None], online: set[int], shared: str, ident: str, level: str, strict: bool = True
 ) -> dict[int, int]:
     """CPU -> the id of its ``level`` cache, from the cache files of the CPUs ``read_cpu_tree`` read them for.
 
-    A CPU whose files were not read takes the domain whose list names it. Two
-    domains naming one online CPU (or one domain read twice with two lists)
-    is a sysfs that contradicts itself: refused, as the kernel never shows it.
+    A CPU whose files were not read takes the domain whose list names it.
+    ``strict``: two domains naming one online CPU (or one id read with two
+    lists) is a sysfs that contradicts itself, refused; otherwise the first
+    domain (in CPU order) that names a CPU is its.
     """
     of: dict[int, int] = {}
     members_of: dict[int, tuple[int, ...]] = {}
@@ -638,6 +640,10 @@ def _domains_of(
         if domain is None:
             continue
         members = tuple(c for c in domain[1] if c in online)
+        if not strict:
+            for member in members:
+                of.setdefault(member, domain[0])
+            continue
         known = members_of.setdefault(domain[0], members)
         if known != members:
             raise TopologyError(
