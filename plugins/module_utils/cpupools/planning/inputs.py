@@ -662,6 +662,8 @@ INTERNAL = frozenset(
         "plan_result",
         "plan_agent_build",
         "plan_kubelet_lines",
+        "plan_kubelet_hosts",
+        "plan_refresh_hosts",
         "plan_k8s_skipped",
         "plan_exports",
         "plan_host",
