@@ -735,18 +735,11 @@ def read_cpu_tree(root: str = "/") -> dict[str, str | None]:
         if files[f"{rel}/topology/thread_siblings_list"] is None:  # its newer name, read only where it is missing
             files[f"{rel}/topology/core_cpus_list"] = read_text(f"{path}/topology/core_cpus_list")
         files[f"{rel}/cpufreq/base_frequency"] = read_text(f"{path}/cpufreq/base_frequency")
-        if cpu not in l3_read:  # one CPU per L3, as per L2: the domain's list names the others
-            shared, ident = files[f"{rel}/{L3_SHARED}"], files[f"{rel}/{L3_ID}"] = read_l3(root, cpu)
-            if shared is not None:
-                with contextlib.suppress(CpupoolsError):  # build_topology reports it
-                    l3_read.update(parse_cpulist(shared, f"{rel} L3 shared_cpu_list"))
+        if cpu not in l3_read:  # one CPU per L3 domain: its list names the others
+            _keep_domain(files, rel, "L3", (L3_SHARED, L3_ID), read_l3(root, cpu), l3_read)
         files[f"{rel}/{CAPACITY}"] = read_text(f"{path}/{CAPACITY}")
         if cpu not in l2_read:  # one CPU per L2: a core's siblings and a module's cores share it
-            shared, ident = read_l2(root, cpu)
-            files[f"{rel}/{L2_SHARED}"], files[f"{rel}/{L2_ID}"] = shared, ident
-            if shared is not None:
-                with contextlib.suppress(CpupoolsError):  # build_topology reports it
-                    l2_read.update(parse_cpulist(shared, f"{rel} L2 shared_cpu_list"))
+            _keep_domain(files, rel, "L2", (L2_SHARED, L2_ID), read_l2(root, cpu), l2_read)
         if cpu not in node_of:
             for link in _list(path):
                 nm = _NODE_RE.match(link)
@@ -756,6 +749,22 @@ def read_cpu_tree(root: str = "/") -> dict[str, str | None]:
         if cpu in node_of:
             files[f"nodes/{cpu}"] = str(node_of[cpu])
     return files
+
+
+def _keep_domain(
+    files: dict[str, str | None],
+    rel: str,
+    level: str,
+    names: tuple[str, str],
+    read: tuple[str | None, str | None],
+    covered: set[int],
+) -> None:
+    """Keep one CPU's (shared_cpu_list, id) of a cache level; the CPUs its list names need not be read."""
+    shared, ident = read
+    files[f"{rel}/{names[0]}"], files[f"{rel}/{names[1]}"] = shared, ident
+    if shared is not None:
+        with contextlib.suppress(CpupoolsError):  # build_topology reports it
+            covered.update(parse_cpulist(shared, f"{rel} {level} shared_cpu_list"))
 
 
 def _list(path: str) -> Iterable[str]:
