@@ -14,11 +14,10 @@ computation of the host's variables in ansible-playbook's main process
 from __future__ import annotations
 
 import configparser
-from pathlib import Path
 
 import yaml
+from helpers import REPO
 
-REPO = Path(__file__).resolve().parent.parent.parent
 ROLE_KEYS = ("ansible.builtin.import_role", "ansible.builtin.include_role", "import_role", "include_role")
 
 

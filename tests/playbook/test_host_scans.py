@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent.parent
+from helpers import REPO
 
 MEMBERSHIP = re.compile(r"""\b(?:select|reject)\(\s*(['"])in\1\s*,\s*""")
 COMMENT = re.compile(r"^[ \t]*#.*$", re.M)
