@@ -35,18 +35,22 @@ PARTS = (
 )
 
 
-def host_input(host, variables):
-    """The report input of one host, from its host variables."""
+def host_input(host, variables, stored=None):
+    """The report input of one host, from its host variables.
+
+    ``stored`` (a dict kept for the task) reads each stored topology and plan
+    once: hosts naming the same digest share it (``digest_store.load``).
+    """
     # hostvars templates what it returns; a variable the host lacks is None (shown as "not collected")
     # a converged host's plan result names its topology, it is not a fact (docs/performance.md)
     result = variables.get("cpupools_plan_result")
-    entry = {"host": host, "topology": digest_store.topology(result, variables.get("ansible_facts"))}
+    entry = {"host": host, "topology": digest_store.topology(result, variables.get("ansible_facts"), stored)}
     # hostvars has no role defaults: where no stage set the exported facts, the plan result has them
     planned = None
     for key, name in PARTS:
         entry[key] = variables.get(name)
         if entry[key] is None and name in EXPORT_DEFAULTS:
-            planned = planned or digest_store.planned(result)
+            planned = planned or digest_store.planned(result, stored)
             entry[key] = planned["plan"] if name == "cpupools_plan" else (planned["exports"] or {}).get(name)
     plan = entry["plan"]
     # the plan's checked hugepages request (a -e string is checked there too)
@@ -71,12 +75,13 @@ class ActionModule(ActionBase):
         args = dict(self._task.args)
         if "hosts" not in args:
             hostvars = task_vars["hostvars"]
-            args["hosts"] = [host_input(host, hostvars[host]) for host in task_vars["ansible_play_hosts"]]
+            stored = {}
+            args["hosts"] = [host_input(host, hostvars[host], stored) for host in task_vars["ansible_play_hosts"]]
         if args.get("store"):
             args.setdefault("now", time.time())
             if not args.get("run"):
                 args["run"] = run_label(task_vars)
-        params, refusal = checked_args(args, ARGUMENT_SPEC, "cpupools report")
+        params, refusal = checked_args(args, ARGUMENT_SPEC, "cpupools report", as_is=("hosts",))
         if refusal:
             result.update(failed=True, msg=refusal)
             return result

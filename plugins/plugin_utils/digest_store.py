@@ -62,8 +62,19 @@ def store(work_dir, text, digest, write=True, kind="topology"):
     return True
 
 
-def load(work_dir, digest, kind="topology"):
-    """The stored ``kind`` with ``digest``, or None when it is not there (or not what its name says)."""
+def load(work_dir, digest, kind="topology", cache=None):
+    """The stored ``kind`` with ``digest``, or None when it is not there (or not what its name says).
+
+    With ``cache`` (a dict the caller keeps for one task) a digest is read,
+    checked and parsed once, and every host naming it gets the same object:
+    the caller must not change it. A fleet of one node class names one
+    topology, and the report read it once per host (docs/performance.md).
+    """
+    if cache is not None:
+        key = (work_dir, digest, kind)
+        if key not in cache:
+            cache[key] = load(work_dir, digest, kind)
+        return cache[key]
     try:
         with open(path_of(work_dir, digest, kind), "rb") as handle:
             data = handle.read()
@@ -74,10 +85,11 @@ def load(work_dir, digest, kind="topology"):
     return json.loads(data)
 
 
-def topology(result, facts=None):
+def topology(result, facts=None, cache=None):
     """A host's topology: ``facts["cpupools"]`` when it has the fact, else what its plan result names.
 
     ``result`` is the host's ``cpupools_plan_result``; None when neither has it.
+    ``cache`` as for ``load``.
     """
     found = (facts or {}).get("cpupools")
     if found is not None:
@@ -86,19 +98,20 @@ def topology(result, facts=None):
     digest, work_dir = result.get("topology_digest"), result.get("work_dir")
     if not digest or not work_dir:
         return None
-    return load(work_dir, digest)
+    return load(work_dir, digest, cache=cache)
 
 
-def planned(result):
+def planned(result, cache=None):
     """``{"plan": ..., "exports": ...}`` of a host's plan result: what it carries, else what it names.
 
     ``result`` is the host's ``cpupools_plan_result``. Both are None where it
     has neither (a failed host, or a stored record deleted since the plan play
-    named it, which a plan play of the same run does not do).
+    named it, which a plan play of the same run does not do). ``cache`` as
+    for ``load``.
     """
     result = result or {}
     if "plan" in result:
         return {"plan": result.get("plan"), "exports": result.get("exports")}
     digest, work_dir = result.get("plan_digest"), result.get("work_dir")
-    record = load(work_dir, digest, "plan") if digest and work_dir else None
+    record = load(work_dir, digest, "plan", cache) if digest and work_dir else None
     return record or {"plan": None, "exports": None}

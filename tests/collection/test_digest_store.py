@@ -101,3 +101,24 @@ def test_the_plan_and_exports_are_read_from_the_result_or_from_where_it_names_th
     assert store.planned({"plan_digest": "0" * 64, "work_dir": str(tmp_path)}) == nothing
     # a topology is not a plan, even under the same digest
     assert store.load(str(tmp_path), digest) is None
+
+
+def test_a_cache_reads_each_digest_once_and_gives_every_host_the_same_object(tmp_path):
+    text, digest = store.encode(FACTS)
+    store.store(str(tmp_path), text, digest)
+    planned_text, planned_digest = store.encode(PLANNED)
+    store.store(str(tmp_path), planned_text, planned_digest, kind="plan")
+    cache = {}
+    result = {"topology_digest": digest, "plan_digest": planned_digest, "work_dir": str(tmp_path)}
+    first = store.topology(result, {}, cache)
+    (tmp_path / "build" / "topology" / f"{digest}.json").unlink()  # read once: the second host does not look
+    assert store.topology(dict(result), {}, cache) is first == FACTS
+    planned = store.planned(result, cache)
+    (tmp_path / "build" / "plan" / f"{planned_digest}.json").unlink()
+    assert store.planned(dict(result), cache) is planned == PLANNED
+    # a digest that is not there is remembered as not there, and a host's own fact still wins
+    missing = {"topology_digest": "0" * 64, "work_dir": str(tmp_path)}
+    assert store.topology(missing, {}, cache) is None and (str(tmp_path), "0" * 64, "topology") in cache
+    assert store.topology(result, {"cpupools": {"online": "0"}}, cache) == {"online": "0"}
+    # without a cache, every call reads: the file is gone
+    assert store.topology(result, {}) is None

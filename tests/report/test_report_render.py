@@ -10,7 +10,8 @@ from html.parser import HTMLParser
 import pytest
 from cpupools.core.cpulist import format_cpulist, parse_cpulist
 from cpupools.core.errors import CpupoolsError, ReportError
-from cpupools.report.analysis import OFFLINE, STRANDED, analyse_host
+from cpupools.report import analysis
+from cpupools.report.analysis import OFFLINE, STRANDED, analyse, analyse_host
 from cpupools.report.text import render_text, render_text_lines
 from report_page import render_html
 from sysfs import CORPUS
@@ -95,6 +96,30 @@ def test_picture_groups_threads_by_core_socket_and_numa(host_input):
     html = render_html([entry])
     assert html.count('class="numa"') == 4
     assert html.count('class="core"') == 16
+
+
+def test_hosts_given_one_topology_object_read_it_once_and_show_what_each_shows_alone(host_input, monkeypatch):
+    # the report's action gives every host naming one stored topology the same object
+    first = host_input("2s22c-smt2", TWO_SOCKET, host="node-1", numa_facts=True)
+    second = host_input("2s22c-smt2", {"num_exclusive_cores": 2}, host="node-2", numa_facts=True)
+    third = host_input("1s64c-smt2-nps4", host="node-3", numa_facts=True)
+    assert second["topology"] == first["topology"] and second["topology"] is not first["topology"]
+    second["topology"] = first["topology"]
+    alone = [analyse_host(entry) for entry in (first, second, third)]
+    reads = []
+    real = analysis._read_facts
+    monkeypatch.setattr(analysis, "_read_facts", lambda facts: reads.append(facts) or real(facts))
+    views = analyse([first, second, third])
+    assert [id(facts) for facts in reads] == [id(first["topology"]), id(third["topology"])]
+    assert views == alone
+    # each host's own plan on the shared model
+    assert views[0].isolated_planned != views[1].isolated_planned
+    assert views[1].isolated_planned == format_cpulist(parse_cpulist(second["plan"]["isolated_cpus"]))
+    # a host with an equal but separate facts object is read again: identity, not equality, is shared
+    fourth = host_input("2s22c-smt2", host="node-4", numa_facts=True)
+    reads.clear()
+    assert analyse([first, fourth])[1] == analyse_host(fourth)
+    assert len(reads) == 3
 
 
 def test_text_report_of_a_pending_node(host_input):

@@ -322,8 +322,24 @@ def _ordered_pools(names: Iterable[str]) -> list[str]:
     return [p for p in POOL_ORDER if p in names] + sorted(names - set(POOL_ORDER))
 
 
-def analyse_host(entry: Mapping) -> HostView:
+def _read_facts(facts: Mapping) -> tuple[Topology, dict[int, int], dict[int, str]]:
+    """The topology model of a host's facts, its CPUs' L3 domains and its distance rows; raises ``ReportError``."""
+    _l3_of(facts, None)  # its own one-line message, and the distances', before the model's
+    distances = _distances(facts)
+    try:
+        topo = Topology.from_facts(facts)
+    except CpupoolsError as exc:
+        raise ReportError(f"ansible_facts.cpupools: {exc}", None) from None
+    return topo, _l3_of(facts, topo), distances
+
+
+def analyse_host(entry: Mapping, known: dict | None = None) -> HostView:
     """Turn one host's inputs into a ``HostView``; raises ``ReportError``.
+
+    ``known`` (a dict kept for one fleet) reads each topology object once:
+    hosts whose input holds the same facts object (the report's action gives
+    every host naming one stored topology the same one) share its model,
+    which nothing here changes.
 
     ``entry`` keys (all but ``host`` optional, ``None`` = not collected):
 
@@ -362,12 +378,17 @@ def analyse_host(entry: Mapping) -> HostView:
     facts = _mapping(entry.get("topology"), "facts")
     plan = _mapping(entry.get("plan"), "plan")
     topo = None
+    l3_of: dict[int, int] = {}
+    distances: dict[int, str] = {}
     if facts:
-        _l3_of(facts, None), _distances(facts)  # their own one-line messages, before the model's
-        try:
-            topo = Topology.from_facts(facts)
-        except CpupoolsError as exc:
-            raise ReportError(f"ansible_facts.cpupools: {exc}", None) from None
+        if known is None:
+            topo, l3_of, distances = _read_facts(facts)
+        else:
+            # the facts object is kept in the value: its id is not reused while the dict lives
+            read = known.get(id(facts))
+            if read is None or read[0] is not facts:
+                read = known[id(facts)] = (facts, *_read_facts(facts))
+            topo, l3_of, distances = read[1:]
         view.has_topology = True
     cpu_pool: dict[int, str] = {}
     planned_iso: list[int] | None = None
@@ -424,11 +445,10 @@ def analyse_host(entry: Mapping) -> HostView:
     if plan:
         _pool_rows(view, plan, held, topo)
     if topo is not None and facts is not None:
-        l3_of = _l3_of(facts, topo)
         _picture(view, topo, cpu_pool if plan else {}, to_isolate, to_release, busy, l3_of)
         reserved = plan.get("reserved_cpus") if plan else None
         reserved_cpus = None if reserved is None else set(_cpus(reserved, "reserved_cpus", "plan"))
-        _numa_rows(view, topo, cpu_pool if plan else {}, l3_of, _distances(facts), reserved_cpus)
+        _numa_rows(view, topo, cpu_pool if plan else {}, l3_of, distances, reserved_cpus)
         _l3_rows(view, topo, cpu_pool if plan else {}, l3_of)
     planned_pages = entry.get("hugepages")
     if planned_pages is None and plan:
@@ -967,10 +987,11 @@ def analyse(hosts: Sequence[Mapping]) -> list[HostView]:
         raise ReportError("hosts must be a list of per-host dicts", None)
     views = []
     seen = set()
+    known: dict = {}
     for entry in hosts:
         host = entry.get("host") if isinstance(entry, Mapping) else None
         try:
-            view = analyse_host(entry)
+            view = analyse_host(entry, known)
         except ReportError as exc:
             raise ReportError(exc.describe(host, prefix="cpupools_"), None) from None
         if view.host in seen:
