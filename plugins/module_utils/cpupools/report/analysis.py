@@ -381,14 +381,11 @@ def analyse_host(entry: Mapping, known: dict | None = None) -> HostView:
     l3_of: dict[int, int] = {}
     distances: dict[int, str] = {}
     if facts:
-        if known is None:
-            topo, l3_of, distances = _read_facts(facts)
-        else:
-            # the facts object is kept in the value: its id is not reused while the dict lives
-            read = known.get(id(facts))
-            if read is None or read[0] is not facts:
-                read = known[id(facts)] = (facts, *_read_facts(facts))
-            topo, l3_of, distances = read[1:]
+        known = {} if known is None else known
+        # the facts object is kept in the value: its id is not reused while the dict lives
+        if id(facts) not in known:
+            known[id(facts)] = (facts, *_read_facts(facts))
+        _, topo, l3_of, distances = known[id(facts)]
         view.has_topology = True
     cpu_pool: dict[int, str] = {}
     planned_iso: list[int] | None = None
