@@ -119,7 +119,9 @@ def test_reconcile_killed_at_every_call_of_its_write_path(cmk, tmp_path, holder)
     # list "0" (dead PID beside the live one) before it takes the lock.
     points = write_path_calls(argv(conf), str(tmp_path / "trace"), first="write")
     names = [name for name, _ in points]
-    assert names.count("renameat") == 2 and names.count("unlinkat") >= 3  # both lists; temp file, markers
+    # List 0's prepared file is swapped in (renameat2), list 1 with the leftover rewritten (renameat); the
+    # swapped-out file, the leftover and the dead markers removed.
+    assert names.count("renameat2") == 1 and names.count("renameat") == 1 and names.count("unlinkat") >= 4
     assert names.index("fsync") < names.index("flock"), "list 0's file is prepared outside the lock"
     for i, (name, nth) in enumerate(distinct_kill_points(str(tmp_path / "trace"), points)):
         conf = state_with(tmp_path / f"k{i}", holder, dead=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import itertools
 import os
 import shutil
 import time
@@ -366,3 +367,120 @@ def test_reconcile_writes_a_prepared_file_only_over_the_list_it_scanned(tmp_path
     assert st.parse_tasks((conf / "pools/shared/0/0,1/tasks").read_text()) == kept
     names = sorted(os.listdir(path))
     assert names == sorted(["tasks", *([st.marker_name(me, my_start)] if kept else [])])
+
+
+def _read(*path: str) -> str:
+    with open(os.path.join(*path)) as handle:
+        return handle.read()
+
+
+def _list_dir(tmp_path, tasks: list[int]):
+    """One cpulist directory holding ``tasks``, as the module writes it."""
+    path = tmp_path / "0,1"
+    path.mkdir(mode=0o775)
+    (path / "tasks").write_text(st.format_tasks(tasks))
+    return str(path)
+
+
+@pytest.mark.parametrize("swap", ["exchange", "no renameat2", "file system refuses"])
+def test_a_prepared_file_goes_in_with_one_name_and_the_old_one_is_freed_after(tmp_path, monkeypatch, swap):
+    """commit() swaps the prepared file in: the file replaced keeps a temporary name until close().
+
+    Freeing it under the lock was most of a rename's cost on the CI disk. At
+    no moment has ``tasks`` two names (every reader refuses that as planted).
+    Without ``renameat2`` in the C library, or on a file system that refuses
+    the swap (EINVAL), commit renames as before, and does not try again.
+    """
+    path = _list_dir(tmp_path, [2**22 + 1, 2**22 + 2])
+    old = os.stat(os.path.join(path, "tasks"))
+    if swap == "no renameat2":
+        monkeypatch.setattr(st, "_renameat2", False)
+    elif swap == "file system refuses":
+        import errno
+
+        calls = []
+        monkeypatch.setattr(st, "_renameat2", (lambda *args: calls.append(args) or -1, lambda: errno.EINVAL))
+    prep = st.PreparedTasks(path, [2**22 + 1, 2**22 + 2], [2**22 + 2])
+    tasks, names = prep.current()
+    assert tasks == [2**22 + 1, 2**22 + 2] and sorted(names) == sorted([prep.tmp, "tasks"])
+    assert prep.commit() is True
+    now = os.stat(os.path.join(path, "tasks"))
+    assert now.st_nlink == 1 and now.st_ino != old.st_ino
+    assert st.parse_tasks(_read(path, "tasks")) == [2**22 + 2]
+    temporaries = [n for n in os.listdir(path) if st.is_temporary(n)]
+    if swap == "exchange":
+        assert [os.stat(os.path.join(path, n)).st_ino for n in temporaries] == [old.st_ino]
+    else:
+        assert temporaries == []
+    if swap == "file system refuses":
+        assert len(calls) == 1 and st._renameat2 is False  # not tried again by this process
+    prep.close()
+    assert sorted(os.listdir(path)) == ["tasks"]
+
+
+def test_a_prepared_file_removed_meanwhile_is_not_committed(tmp_path):
+    """Another reconcile removed the prepared file (a crash leftover to it): commit says so, tasks is untouched."""
+    path = _list_dir(tmp_path, [2**22 + 1])
+    prep = st.PreparedTasks(path, [2**22 + 1], [])
+    os.unlink(os.path.join(path, prep.tmp))
+    assert prep.commit() is False
+    prep.close()
+    assert os.listdir(path) == ["tasks"]
+    assert st.parse_tasks(_read(path, "tasks")) == [2**22 + 1]
+
+
+@pytest.mark.parametrize("closing", ["fast", "slow"])
+def test_reconcile_leaves_the_lock_free_between_stretches_and_sleeps_only_the_rest(tmp_path, monkeypatch, closing):
+    """Between two stretches the lock stays free for PAUSE_SECONDS at least, so a waiting isolate gets in.
+
+    What reconcile does outside the lock (closing the lists written, preparing
+    the next ones) counts toward that pause: when it takes longer than the
+    pause, reconcile does not sleep at all; when it is fast, it sleeps the rest.
+    """
+    from cpupools.agent import reconcile
+
+    dead = 2**22 + 100
+    names = [str(c) for c in range(6)]
+    conf = write_plan_state(
+        tmp_path / "conf",
+        make_plan({"exclusive": {"0": names}}),
+        {"exclusive": {"0": {n: [dead + i] for i, n in enumerate(names)}}},
+        {dead + i: 1000 + i for i in range(len(names))},
+    )
+    monkeypatch.setattr(reconcile, "BATCH_MIN_LISTS", 1)
+    monkeypatch.setattr(reconcile, "BATCH_SECONDS", 0.0)  # one list per stretch: six stretches
+    monkeypatch.setattr(st, "proc_view_problem", lambda *a, **k: None)
+    holds: list[tuple[float, float]] = []
+
+    class Recorded(st.StateLock):
+        def __enter__(self):
+            lock = super().__enter__()
+            self.taken = time.monotonic()
+            return lock
+
+        def __exit__(self, *exc):
+            holds.append((self.taken, time.monotonic()))
+            super().__exit__(*exc)
+
+    monkeypatch.setattr(st, "StateLock", Recorded)
+    real_close, real_sleep = st.PreparedTasks.close, time.sleep
+    sleeps: list[float] = []
+
+    def close(prep):
+        if closing == "slow":  # longer than the pause, without sleeping
+            until = time.monotonic() + reconcile.PAUSE_SECONDS * 1.5
+            while time.monotonic() < until:
+                pass
+        real_close(prep)
+
+    monkeypatch.setattr(st.PreparedTasks, "close", close)
+    monkeypatch.setattr(time, "sleep", lambda seconds: sleeps.append(seconds) or real_sleep(seconds))
+    reclaimed, _ = reconcile.reconcile_pass(str(conf), "/proc", 5)
+    assert sorted(r["pid"] for r in reclaimed) == [dead + i for i in range(len(names))]
+    assert len(holds) == len(names)
+    gaps = [after[0] - before[1] for before, after in itertools.pairwise(holds)]
+    assert min(gaps) >= reconcile.PAUSE_SECONDS, gaps
+    if closing == "slow":
+        assert sleeps == []
+    else:
+        assert len(sleeps) == len(names) - 1 and all(0 < s <= reconcile.PAUSE_SECONDS for s in sleeps)

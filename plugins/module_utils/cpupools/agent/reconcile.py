@@ -32,7 +32,10 @@ from .options import (
 #: stretch: an isolate polls the lock at least every 5 ms, so it gets in
 #: during the pause and never waits for more than one stretch (25 ms, a
 #: quarter of the 100 ms an isolate may wait; at 10 ms a pass over 10,000
-#: lists spent 3 s in pauses). A stretch always
+#: lists spent 3 s in pauses). The pause is the time between two stretches,
+#: not a sleep after each: what reconcile does outside the lock meanwhile
+#: (freeing the files replaced, preparing the next lists) counts toward it,
+#: and it sleeps only for the rest. A stretch always
 #: takes its first BATCH_MIN_LISTS lists, whatever the clock says, so that a
 #: small state (the usual node) is rewritten under one lock hold and the
 #: sequence of system calls does not depend on the machine's load.
@@ -162,6 +165,7 @@ def _reconcile_pass(
     # with crash leftovers are rewritten under the lock as before.
     queue = collections.deque(work)
     pending: collections.deque = collections.deque()
+    released = None  # when the lock was last released: what is done outside it counts as the pause
     try:
         while queue or pending:
             while queue and len(pending) < PREPARE_LISTS:
@@ -174,6 +178,10 @@ def _reconcile_pass(
                     except (OSError, StateError):
                         prep = None  # written the plain way under the lock, which says what is wrong
                 pending.append((cl, dead, prep))
+            if released is not None:
+                rest = PAUSE_SECONDS - (time.monotonic() - released)
+                if rest > 0:
+                    time.sleep(rest)
             done: list[st.PreparedTasks] = []
             try:
                 with st.StateLock(conf, timeout):
@@ -188,10 +196,9 @@ def _reconcile_pass(
                             done.append(prep)
                             reclaim_prepared(cl, dead, prep)
             finally:
+                released = time.monotonic()
                 for prep in done:  # markers of removed PIDs name dead processes: no lock needed
                     prep.close()
-            if queue or pending:
-                time.sleep(PAUSE_SECONDS)
     finally:
         for _, _, prep in pending:
             if prep is not None:

