@@ -382,24 +382,27 @@ def _list_dir(tmp_path, tasks: list[int]):
     return str(path)
 
 
-@pytest.mark.parametrize("swap", ["exchange", "no renameat2", "file system refuses"])
+@pytest.mark.parametrize("swap", ["exchange", "no renameat2", "file system refuses", "other error"])
 def test_a_prepared_file_goes_in_with_one_name_and_the_old_one_is_freed_after(tmp_path, monkeypatch, swap):
     """commit() swaps the prepared file in: the file replaced keeps a temporary name until close().
 
     Freeing it under the lock was most of a rename's cost on the CI disk. At
     no moment has ``tasks`` two names (every reader refuses that as planted).
     Without ``renameat2`` in the C library, or on a file system that refuses
-    the swap (EINVAL), commit renames as before, and does not try again.
+    the swap (EINVAL), commit renames as before, and does not try again; on
+    another error (EXDEV from an overlay, say) it renames this once.
     """
     path = _list_dir(tmp_path, [2**22 + 1, 2**22 + 2])
     old = os.stat(os.path.join(path, "tasks"))
     if swap == "no renameat2":
         monkeypatch.setattr(st, "_renameat2", False)
-    elif swap == "file system refuses":
+    elif swap != "exchange":
         import errno
 
         calls = []
-        monkeypatch.setattr(st, "_renameat2", (lambda *args: calls.append(args) or -1, lambda: errno.EINVAL))
+        number = errno.EINVAL if swap == "file system refuses" else errno.EXDEV
+        refuse = (lambda *args: calls.append(args) or -1, lambda: number)
+        monkeypatch.setattr(st, "_renameat2", refuse)
     prep = st.PreparedTasks(path, [2**22 + 1, 2**22 + 2], [2**22 + 2])
     tasks, names = prep.current()
     assert tasks == [2**22 + 1, 2**22 + 2] and sorted(names) == sorted([prep.tmp, "tasks"])
@@ -414,6 +417,8 @@ def test_a_prepared_file_goes_in_with_one_name_and_the_old_one_is_freed_after(tm
         assert temporaries == []
     if swap == "file system refuses":
         assert len(calls) == 1 and st._renameat2 is False  # not tried again by this process
+    elif swap == "other error":
+        assert len(calls) == 1 and st._renameat2 is refuse  # tried again next time
     prep.close()
     assert sorted(os.listdir(path)) == ["tasks"]
 
@@ -482,5 +487,5 @@ def test_reconcile_leaves_the_lock_free_between_stretches_and_sleeps_only_the_re
     assert min(gaps) >= reconcile.PAUSE_SECONDS, gaps
     if closing == "slow":
         assert sleeps == []
-    else:
-        assert len(sleeps) == len(names) - 1 and all(0 < s <= reconcile.PAUSE_SECONDS for s in sleeps)
+    else:  # one sleep per gap, unless the machine kept reconcile off the CPU for the whole pause
+        assert 0 < len(sleeps) <= len(names) - 1 and all(0 < s <= reconcile.PAUSE_SECONDS for s in sleeps)

@@ -1103,9 +1103,10 @@ def _exchange_at(dir_fd: int, name: str, other: str) -> bool:
 
     False (and never tried again by this process) when the C library has no
     ``renameat2`` (glibc before 2.28, some musl builds), Python has no
-    ``ctypes``, or the kernel or file system does not know the flag; the
-    caller then renames. Any other failure is raised as ``OSError``
-    (``FileNotFoundError`` when either name is gone). ``ctypes`` is imported
+    ``ctypes``, or the kernel or file system does not know the flag; False
+    for this call on any other failure but a missing name: the caller then
+    renames, as before the swap, and meets the same error where it is real.
+    ``FileNotFoundError`` when either name is gone. ``ctypes`` is imported
     only here: the lists ``cmk reconcile`` frees are its only caller.
     """
     global _renameat2
@@ -1127,10 +1128,11 @@ def _exchange_at(dir_fd: int, name: str, other: str) -> bool:
     import errno
 
     number = get_errno()
+    if number == errno.ENOENT:
+        raise FileNotFoundError(number, os.strerror(number))
     if number in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
         _renameat2 = False
-        return False
-    raise OSError(number, os.strerror(number))
+    return False
 
 
 def _create_marker(dir_fd: int, name: str, where: str, mode: int | None = None) -> None:
