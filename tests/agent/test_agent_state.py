@@ -369,17 +369,12 @@ def test_reconcile_writes_a_prepared_file_only_over_the_list_it_scanned(tmp_path
     assert names == sorted(["tasks", *([st.marker_name(me, my_start)] if kept else [])])
 
 
-def _read(*path: str) -> str:
-    with open(os.path.join(*path)) as handle:
-        return handle.read()
-
-
 def _list_dir(tmp_path, tasks: list[int]):
     """One cpulist directory holding ``tasks``, as the module writes it."""
     path = tmp_path / "0,1"
     path.mkdir(mode=0o775)
     (path / "tasks").write_text(st.format_tasks(tasks))
-    return str(path)
+    return path
 
 
 @pytest.mark.parametrize("swap", ["exchange", "no renameat2", "file system refuses", "other error"])
@@ -393,7 +388,7 @@ def test_a_prepared_file_goes_in_with_one_name_and_the_old_one_is_freed_after(tm
     another error (EXDEV from an overlay, say) it renames this once.
     """
     path = _list_dir(tmp_path, [2**22 + 1, 2**22 + 2])
-    old = os.stat(os.path.join(path, "tasks"))
+    old = (path / "tasks").stat()
     if swap == "exchange":
         monkeypatch.setattr(st, "_renameat2", None)  # looked up afresh, whatever an earlier test found
     elif swap == "no renameat2":
@@ -405,16 +400,16 @@ def test_a_prepared_file_goes_in_with_one_name_and_the_old_one_is_freed_after(tm
         number = errno.EINVAL if swap == "file system refuses" else errno.EXDEV
         refuse = (lambda *args: calls.append(args) or -1, lambda: number)
         monkeypatch.setattr(st, "_renameat2", refuse)
-    prep = st.PreparedTasks(path, [2**22 + 1, 2**22 + 2], [2**22 + 2])
+    prep = st.PreparedTasks(str(path), [2**22 + 1, 2**22 + 2], [2**22 + 2])
     tasks, names = prep.current()
     assert tasks == [2**22 + 1, 2**22 + 2] and sorted(names) == sorted([prep.tmp, "tasks"])
     assert prep.commit() is True
-    now = os.stat(os.path.join(path, "tasks"))
+    now = (path / "tasks").stat()
     assert now.st_nlink == 1 and now.st_ino != old.st_ino
-    assert st.parse_tasks(_read(path, "tasks")) == [2**22 + 2]
+    assert st.parse_tasks((path / "tasks").read_text()) == [2**22 + 2]
     temporaries = [n for n in os.listdir(path) if st.is_temporary(n)]
     if swap == "exchange":
-        assert [os.stat(os.path.join(path, n)).st_ino for n in temporaries] == [old.st_ino]
+        assert [(path / n).stat().st_ino for n in temporaries] == [old.st_ino]
     else:
         assert temporaries == []
     if swap == "file system refuses":
@@ -428,12 +423,12 @@ def test_a_prepared_file_goes_in_with_one_name_and_the_old_one_is_freed_after(tm
 def test_a_prepared_file_removed_meanwhile_is_not_committed(tmp_path):
     """Another reconcile removed the prepared file (a crash leftover to it): commit says so, tasks is untouched."""
     path = _list_dir(tmp_path, [2**22 + 1])
-    prep = st.PreparedTasks(path, [2**22 + 1], [])
-    os.unlink(os.path.join(path, prep.tmp))
+    prep = st.PreparedTasks(str(path), [2**22 + 1], [])
+    (path / prep.tmp).unlink()
     assert prep.commit() is False
     prep.close()
     assert os.listdir(path) == ["tasks"]
-    assert st.parse_tasks(_read(path, "tasks")) == [2**22 + 1]
+    assert st.parse_tasks((path / "tasks").read_text()) == [2**22 + 1]
 
 
 @pytest.mark.parametrize("closing", ["fast", "slow"])

@@ -1094,7 +1094,7 @@ class PreparedTasks:
 
 #: ``renameat2``'s flag that swaps two names atomically (Linux 3.15; ext4, XFS, Btrfs, tmpfs).
 _RENAME_EXCHANGE = 2
-#: ``(renameat2, get_errno)`` of the C library once looked up; False when it has none or the swap failed.
+#: ``(renameat2, get_errno)`` of the C library once looked up; False when it has none or the swap is not supported.
 _renameat2: tuple | bool | None = None
 
 
