@@ -29,8 +29,23 @@ step() { printf '\n== %s\n' "$*"; }
 # beside each other finish together only when their sum fits.
 TIMEFORMAT='cpu: %U s user + %S s system in %R s'
 busy_ticks() { awk '/^cpu /{print $2 + $3 + $4 + $7 + $8 + $9}' /proc/stat; }
+# How fast this machine's CPUs are now: the CPU-seconds (not wall) of a fixed
+# loop, the best of five. The same commits' suite has spent more CPU-seconds
+# on its first 200 tests on a slow day than on all 1,581 on a usual one, so a
+# run's figures compare only beside its speed (README, "Testing").
+speed() {
+    python3 -I -c 'import time
+best = 1e9
+for _ in range(5):
+    start, total = time.process_time(), 0
+    for i in range(2_000_000):
+        total += i
+    best = min(best, time.process_time() - start)
+print(f"{best:.2f}")'
+}
 run_started=$SECONDS
 run_ticks=$(busy_ticks)
+printf 'machine speed: a fixed loop took %s CPU-seconds at the start of the run\n' "$(speed)"
 
 step "system packages"
 ./scripts/setup-system.sh
@@ -59,6 +74,43 @@ step "lint: ruff"
 step "lint: yamllint"
 "$bin/yamllint" -s .
 
+# Where the tests write their files: pytest's base directory of each job, on
+# tmpfs when /dev/shm is one with room (6 GB; a whole run writes about 1 GB in
+# 130,000 files). On the disk, pytest removes the trees of the runs before
+# last as each session ends, and every job that ends waits for that removal:
+# on a file system mounted with online discard (every freed block a
+# synchronous discard, ~0.3 ms) the side jobs of one CI run ended together,
+# up to ten minutes after their last test, while the trees of an earlier run
+# were deleted. Here each job has its own directory (--basetemp, through
+# PYTEST_ADDOPTS), nothing old is removed during the run, and the run's files
+# go when it passes; after a failure they stay for a look and the next run
+# removes them. The name is short: a test's directory is then shorter than
+# under /tmp/pytest-of-root (ansible-core 2.21 cannot start under a TMPDIR of
+# more than 75 characters, docs/collection.md). CPUPOOLS_TEST_TMP=disk keeps
+# pytest's own directories.
+tmp_root=
+if [ "${CPUPOOLS_TEST_TMP:-}" != disk ] && [ -d /dev/shm ] && [ -w /dev/shm ] &&
+    [ "$(stat -f -c %T /dev/shm 2>/dev/null)" = tmpfs ] &&
+    [ "$(df -Pk /dev/shm | awk 'NR == 2 { print $4 }')" -gt $((6 * 1024 * 1024)) ]; then
+    for old in /dev/shm/cpt.*; do
+        # An earlier run's (it holds the PID of its script), unless that run is still going.
+        owner=$(cat "$old/.run" 2>/dev/null || true)
+        if [ -n "$owner" ] && ! kill -0 "$owner" 2>/dev/null; then
+            rm -rf "$old"
+        fi
+    done
+    tmp_root=$(mktemp -d /dev/shm/cpt.XXXXXX)
+    echo $$ >"$tmp_root/.run"
+    # The tests run programs they write (stand-ins, a node's /opt/bin/cmk): not on a noexec mount.
+    printf '#!/bin/sh\n' >"$tmp_root/.exec" && chmod 700 "$tmp_root/.exec"
+    if ! "$tmp_root/.exec" 2>/dev/null; then
+        rm -rf "$tmp_root"
+        tmp_root=
+    fi
+fi
+# addopts JOB: PYTEST_ADDOPTS for one job, its own base directory added.
+addopts() { printf '%s' "${PYTEST_ADDOPTS:-}${tmp_root:+ --basetemp=$tmp_root/$1}"; }
+
 # The CMK v1.4 interleaving test forces PID reuse through ns_last_pid. In a PID
 # namespace of its own, with its own /proc, it moves only that namespace's
 # counter, so it runs beside the other tests; scripts/pidns_init.py is the
@@ -66,7 +118,7 @@ step "lint: yamllint"
 # otherwise stay zombies and look alive). Where unshare cannot make a PID
 # namespace (no CAP_SYS_ADMIN), it runs as before: alone, first, in the
 # machine's namespace, where it would reuse the PIDs of other tests.
-pidreuse=("$bin/python" -m pytest -p no:xdist -m pidreuse -rs "$@")
+pidreuse=(env PYTEST_ADDOPTS="$(addopts pidreuse)" "$bin/python" -m pytest -p no:xdist -m pidreuse -rs "$@")
 pidreuse_in_namespace=
 if unshare --pid --fork --mount-proc true 2>/dev/null; then
     pidreuse_in_namespace=1
@@ -134,7 +186,7 @@ molecule_job() {
         ./scripts/setup-molecule.sh || return
         printf '== molecule scenarios\n'
     fi
-    "$bin/python" -m pytest -p no:xdist -m molecule -rs --durations=0 "$@"
+    PYTEST_ADDOPTS=$(addopts molecule) "$bin/python" -m pytest -p no:xdist -m molecule -rs --durations=0 "$@"
 }
 beside molecule molecule_job "$@"
 
@@ -164,8 +216,8 @@ beside molecule molecule_job "$@"
 guest_session=$(mktemp)
 guest_job() {
     # shellcheck disable=SC2016 # $0 and $$ are the new session's shell's
-    setsid --wait sh -c 'echo $$ >"$0"; echo -5 2>/dev/null >/proc/self/autogroup; exec "$@"' "$guest_session" \
-        "$bin/python" -m pytest -p no:xdist -m kubelet_guest -rs --durations=0 "$@"
+    PYTEST_ADDOPTS=$(addopts guest) setsid --wait sh -c 'echo $$ >"$0"; echo -5 2>/dev/null >/proc/self/autogroup; exec "$@"' \
+        "$guest_session" "$bin/python" -m pytest -p no:xdist -m kubelet_guest -rs --durations=0 "$@"
 }
 beside guest guest_job "$@"
 
@@ -174,7 +226,7 @@ beside guest guest_job "$@"
 # the test makes (the suite runs on the pin, 2.21); and the node side (site.yml's
 # modules, the cmk agent) on each Python 3.9-3.13 found here. Mostly waiting on
 # ansible-playbook.
-beside compat_core "$bin/python" -m pytest -p no:xdist -m compat_core -rs --durations=0 "$@"
+beside compat_core env PYTEST_ADDOPTS="$(addopts compat_core)" "$bin/python" -m pytest -p no:xdist -m compat_core -rs --durations=0 "$@"
 
 # The guest's job is a session of its own, which an interrupt of this script
 # does not reach: end it with the script.
@@ -187,7 +239,7 @@ trap 'sid=$(cat "$guest_session" 2>/dev/null); [ -z "$sid" ] || pkill -TERM -s "
 # out the rest one at a time, in LONGEST's order, to whichever worker is free.
 step "tests (beside them, in the background: ${jobs_beside[*]})"
 rc=0
-{ time "$bin/python" -m pytest -n "${CPUPOOLS_TEST_JOBS:-2}" --maxschedchunk 1 -m "not molecule and not pidreuse and not compat_core and not guest" --durations=30 "$@"; } || rc=$?
+{ time PYTEST_ADDOPTS=$(addopts suite) "$bin/python" -m pytest -n "${CPUPOOLS_TEST_JOBS:-2}" --maxschedchunk 1 -m "not molecule and not pidreuse and not compat_core and not guest" --durations=30 "$@"; } || rc=$?
 
 finish lint "lint: ansible-lint, module docs: ansible-doc" "0"
 finish pidreuse "CMK v1.4 interleaving, in a PID namespace of its own" "0 5"
@@ -196,7 +248,15 @@ finish molecule "molecule platform and scenarios" "0 5"
 finish guest "the real-kernel scenario in a qemu guest (Debian 13: the real kubelet, then cmk)" "0 5"
 rm -f "$guest_session"
 step "cost"
+printf 'machine speed: the fixed loop took %s CPU-seconds at the end of the run\n' "$(speed)"
 awk -v busy="$(($(busy_ticks) - run_ticks))" -v hz="$(getconf CLK_TCK)" -v wall="$((SECONDS - run_started))" -v cores="$(nproc)" \
     'BEGIN { printf "the machine: %d CPU-seconds busy in %d s of wall time (%d cores: %d available)\n", busy / hz, wall, cores, wall * cores }'
+if [ -n "$tmp_root" ]; then
+    if [ "$rc" = 0 ] && [ "$failed" = 0 ]; then
+        rm -rf "$tmp_root"
+    else
+        printf "the tests' files: %s (removed by the next run)\n" "$tmp_root"
+    fi
+fi
 [ "$rc" = 0 ] || exit "$rc"
 exit "$failed"

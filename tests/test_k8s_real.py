@@ -60,9 +60,25 @@ def test_killing_the_worker_ends_its_api_server_and_etcd(tmp_path):
     inner = tmp_path / "inner" / "test_inner.py"
     inner.parent.mkdir()
     inner.write_text(textwrap.dedent(INNER.format(tests=str(REPO / "tests"), out=str(pids_file))))
+    # The inner session's options are its own (not the PYTEST_ADDOPTS scripts/test.sh gives this one), and
+    # so is its base directory: pytest's default would delete older runs' trees as it ends.
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
     run = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "1", str(inner)],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-n",
+            "1",
+            "--basetemp",
+            str(tmp_path / "tmp"),
+            str(inner),
+        ],
         cwd=inner.parent,
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -147,7 +148,7 @@ GRUB_MKCONFIG = shutil.which("grub-mkconfig") or (
     GRUB_MKCONFIG is None, reason="grub-mkconfig is not installed (apt-get install grub2-common grub-pc-bin)"
 )
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare -m")
-def test_real_grub_mkconfig_renders_our_arguments_into_every_linux_line(make_root, tmp_path):
+def test_real_grub_mkconfig_renders_our_arguments_into_every_linux_line(make_root, tmp_path, request):
     """grub-mkconfig itself, in a private mount namespace over fixture /etc/default, /etc/grub.d and /boot."""
     for mountpoint in ("/etc/default", "/etc/grub.d", "/boot"):
         if not os.path.isdir(mountpoint):  # never create anything on the real host
@@ -163,7 +164,10 @@ def test_real_grub_mkconfig_renders_our_arguments_into_every_linux_line(make_roo
     grubd.mkdir()
     for name in ("00_header", "10_linux"):  # 05_debian_theme left out: it probes the real /boot
         shutil.copy(f"/etc/grub.d/{name}", grubd / name)
-    boot = tmp_path / "boot"
+    # /boot on a block device, as on a node: grub-probe resolves the device of /boot and cannot for a
+    # tmpfs (where scripts/test.sh puts the tests' files).
+    boot = Path(tempfile.mkdtemp(prefix="cpupools-boot-", dir="/var/tmp"))
+    request.addfinalizer(lambda: shutil.rmtree(boot, ignore_errors=True))
     (boot / "grub").mkdir(parents=True)
     for name in (
         "vmlinuz-6.1.0-18-amd64",
