@@ -22,8 +22,8 @@ REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 IMAGE = "localhost/cpupools-molecule:current"
 #: Seconds one scenario may take: a guard against a hang, not a measure. In CI runs the longest took 390-520 s;
-#: one took over 900 beside two guests, and on a machine running 2.5-3 times slower than usual (the same
-#: commits' suite cost 2.7 times its CPU-seconds) `check` went over 900 while four others took 770-835 s.
+#: one took over 900 beside two guests, and on a day the machine ran 2-3 times slower than usual (the guest
+#: spent 2.1-2.9 times its usual CPU-seconds) `check` went over 900 while four others took 770-835 s.
 TIMEOUT = 1800
 ROLE_STACK = ("site.yml", "roles/cpupools_plan", "roles/cpupools_kernel", "roles/cpupools_agent")
 # scenario -> the repository paths it drives
