@@ -364,15 +364,22 @@ def wait_gone(kube, namespace: str, name: str, timeout: float = 300) -> None:
 
 
 def container_log(guest, namespace: str, name: str, uid: str, timeout: float = 120) -> str:
-    """What the pod's container printed (the kubelet's CRI log on the node, without its timestamps)."""
-    path = f"/var/log/pods/{namespace}_{name}_{uid}/app/0.log"
+    """What the pod's container printed (the kubelet's CRI log on the node, without its timestamps).
+
+    The log of the container's latest attempt: the kubelet names each ``<restartCount>.log``. Under
+    emulation's load containerd's shim can time out on a start (a CI run saw ``runc create failed``
+    after ``context deadline exceeded``); the kubelet starts the container again as attempt 1, whose
+    output is in ``1.log`` while ``0.log`` stays empty.
+    """
+    path = f"/var/log/pods/{namespace}_{name}_{uid}/app"
+    latest = f"ls {path} 2>/dev/null | grep -E '^[0-9]+[.]log$' | sort -n | tail -n 1"
     deadline = time.monotonic() + timeout
     while True:
-        text = guest.ssh(f"cat {path} 2>/dev/null || true")
+        text = guest.ssh(f'log=$({latest}); [ -z "$log" ] || cat {path}/$log 2>/dev/null || true')
         lines = [line.split(" ", 3)[3] for line in text.splitlines() if line.count(" ") >= 3]
         if lines:
             return "\n".join(lines) + "\n"
-        assert time.monotonic() < deadline, f"{path} stays empty"
+        assert time.monotonic() < deadline, f"{path}: every attempt's log stays empty"
         time.sleep(2)
 
 
