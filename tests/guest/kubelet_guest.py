@@ -369,17 +369,27 @@ def container_log(guest, namespace: str, name: str, uid: str, timeout: float = 1
     The log of the container's latest attempt: the kubelet names each ``<restartCount>.log``. Under
     emulation's load containerd's shim can time out on a start (a CI run saw ``runc create failed``
     after ``context deadline exceeded``); the kubelet starts the container again as attempt 1, whose
-    output is in ``1.log`` while ``0.log`` stays empty.
+    output is in ``1.log`` while ``0.log`` stays empty. An earlier attempt that printed anything ran
+    and ended: that fails here, so a workload that crashed once is not hidden by its restart.
     """
     path = f"/var/log/pods/{namespace}_{name}_{uid}/app"
-    latest = f"ls {path} 2>/dev/null | grep -E '^[0-9]+[.]log$' | sort -n | tail -n 1"
+    show = (
+        f"cd {path} 2>/dev/null && for f in $(ls | grep -E '^[0-9]+[.]log$' | sort -n); do echo \"== $f\"; cat $f; done"
+    )
     deadline = time.monotonic() + timeout
     while True:
-        text = guest.ssh(f'log=$({latest}); [ -z "$log" ] || cat {path}/$log 2>/dev/null || true')
-        lines = [line.split(" ", 3)[3] for line in text.splitlines() if line.count(" ") >= 3]
+        attempts: dict[str, list[str]] = {}
+        for line in guest.ssh(f"{show} || true").splitlines():
+            if line.startswith("== "):
+                attempts[line[3:]] = []
+            elif attempts and line.count(" ") >= 3:
+                attempts[list(attempts)[-1]].append(line.split(" ", 3)[3])
+        earlier = {log: lines for log, lines in list(attempts.items())[:-1] if lines}
+        assert not earlier, f"{path}: an earlier attempt of the container ran and ended: {earlier}"
+        lines = list(attempts.values())[-1] if attempts else []
         if lines:
             return "\n".join(lines) + "\n"
-        assert time.monotonic() < deadline, f"{path}: every attempt's log stays empty"
+        assert time.monotonic() < deadline, f"{path}: every attempt's log stays empty ({sorted(attempts)})"
         time.sleep(2)
 
 
