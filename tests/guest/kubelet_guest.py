@@ -379,14 +379,14 @@ def container_log(guest, namespace: str, name: str, uid: str, timeout: float = 1
     deadline = time.monotonic() + timeout
     while True:
         attempts: dict[str, list[str]] = {}
+        lines: list[str] = []  # the latest attempt's, so far
         for line in guest.ssh(f"{show} || true").splitlines():
             if line.startswith("== "):
-                attempts[line[3:]] = []
-            elif attempts and line.count(" ") >= 3:
-                attempts[list(attempts)[-1]].append(line.split(" ", 3)[3])
-        earlier = {log: lines for log, lines in list(attempts.items())[:-1] if lines}
+                lines = attempts[line[3:]] = []
+            elif line.count(" ") >= 3:
+                lines.append(line.split(" ", 3)[3])
+        earlier = {log: printed for log, printed in list(attempts.items())[:-1] if printed}
         assert not earlier, f"{path}: an earlier attempt of the container ran and ended: {earlier}"
-        lines = list(attempts.values())[-1] if attempts else []
         if lines:
             return "\n".join(lines) + "\n"
         assert time.monotonic() < deadline, f"{path}: every attempt's log stays empty ({sorted(attempts)})"
