@@ -23,11 +23,14 @@ pod as its controller would. One scenario, in order:
    running (its holder found in cpu_manager_state), oslat measuring the
    exclusive CPUs it does not hold and one housekeeping CPU, and fails, naming
    the process, for a stray pinned onto the pod's CPUs;
-4. a change of the pool sizes rolled out: the drain evicts the pods, the
-   kubelet comes up without refusing its state, the rollout's verify finds no
-   kernel thread that may move on the new isolated set, the recreated Guaranteed pod
-   runs on the new exclusive set; a second site.yml changes nothing on the node,
-   and the fleet report that showed the node pending its reboot shows it ok;
+4. a second site.yml, the pods running, changes nothing on the node, and
+   the fleet report that showed the node pending its reboot shows it ok;
+   by hand (CPUPOOLS_GUEST_RESIZE=1), a change of the pool sizes rolled out
+   before it: the drain evicts the pods, the kubelet comes up without
+   refusing its state, the rollout's verify finds no kernel thread that may
+   move on the new isolated set, a recreated Guaranteed pod runs on the new
+   exclusive set (a second reboot: out of CI since 2026-12-01, docs/guest.md,
+   "What it costs");
 5. a drop-in the kubelet refuses (the operator's own kubelet configuration
    turned the static policy's beta options off, and cpupools' drop-in asks
    for one): the rollout stops at this node with the kubelet's own message, the node stays
@@ -39,7 +42,7 @@ pod as its controller would. One scenario, in order:
    CPUs, irqaffinity) and its pool state; a pod that asks for
    cmk.intel.com/exclusive-cores only, completed by the MutatingAdmissionPolicy
    (the cmk mounts, CMK_PROC_FS), runs cmk isolate --pool=exclusive and gets
-   the exclusive pool's list, on CPUs step 4's kernel isolated. cmk's own
+   the exclusive pool's list, on CPUs step 2's kernel isolated. cmk's own
    arguments booted and verified are tests/guest/test_real_kernel.py's, on
    Debian 12, by hand: a third reboot here cost CI more than it could give
    (docs/guest.md, "What it costs").
@@ -83,7 +86,7 @@ NS = "latency"
 RESERVED = {0, 1, 4, 5}
 KUBELETS = {2, 3, 6, 7}
 CORES = [{0, 1}, {2, 3}, {4, 5}, {6, 7}]
-#: Step 4: NUMA node 1 keeps no housekeeping core: the kubelet gets 2-7.
+#: Step 4, by hand (CPUPOOLS_GUEST_RESIZE=1): NUMA node 1 keeps no housekeeping core: the kubelet gets 2-7.
 RESIZED = {"cpupools_infra_cores": {0: 1, 1: 0}}
 FAKE_KUBELET = [sys.executable, str(REPO / "tests/fixtures/fake_kubelet.py")]
 FAKE_BOOT = [sys.executable, str(REPO / "tests/fixtures/fake_boot.py")]
@@ -217,9 +220,19 @@ def test_the_kubelet_runtime_on_a_real_kubelet(node, kube, tmp_path, capsys):
     ]
     write = site.result("Write the kubelet drop-in, or leave it for the kubelet restart", NODE)
     assert write["restart_required"] is True, write  # the kubelet runs (policy none): pending until the rollout
-    run(guest, "playbooks/reboot.yml", tmp_path, inv, "reboot")
+    assert report_status(site) == "pending"  # the fleet report: a reboot to come
+    rolled = run(guest, "playbooks/reboot.yml", tmp_path, inv, "reboot")
     booted = kernel(guest)
     assert booted["args"]["isolcpus"] == "managed_irq,2-3,6-7" and booted["nohz_full"] == KUBELETS, booted
+    # The rollout removed the state of policy none before the kubelet's first start with static: the
+    # kubelet refuses a checkpoint of another policy, or of other CPUs, and asks for a drain.
+    journal = guest.ssh("journalctl -u kubelet -b --no-pager -o cat")
+    for refusal in ("could not restore state from checkpoint", "doesn't match with CPUs in state", "please drain"):
+        assert refusal not in journal, refusal
+    # The rollout verified the node after its boot: the housekeeper kept every kernel thread that may move
+    # off the isolated set (issue 41).
+    after = rolled.result(VERIFY, NODE)
+    assert [k for k in after["kthreads"] if not k["comm"].startswith("irq/")] == [], after["kthreads"]
     state = kg.cpu_manager_state(guest)
     assert (state["policyName"], cpus(state["defaultCpuSet"])) == ("static", KUBELETS), state
     dropin = yaml.safe_load(guest.ssh("cat /etc/kubernetes/kubelet.conf.d/50-cpupools.conf"))
@@ -289,40 +302,15 @@ def test_the_kubelet_runtime_on_a_real_kubelet(node, kube, tmp_path, capsys):
     assert caught.rc != 0
     assert f"pid {stray_pid} (cpupools-stray) is pinned to exclusive CPU {format_cpulist(held)}" in caught.messages()
 
-    # 4. A change of the pool sizes, rolled out: the pods are evicted, the kubelet comes up, the pod runs again.
-    resized = write_inventory(tmp_path, kube, {NODE: host_vars(guest)}, **RESIZED)
-    site = run(guest, "site.yml", tmp_path, resized, "site_resized")
-    assert report_status(site) == "pending"  # the fleet report: a reboot to come
-    assert site.result(PODS_CAN_USE, NODE)["msg"] == [
-        f"host {NODE}: kubelet 1.36: pods can use 6 of 8 CPUs; reservedSystemCPUs 0-1 "
-        "(the housekeeping CPUs of 2 NUMA node(s))"
-    ]
-    rolled = run(guest, "playbooks/reboot.yml", tmp_path, resized, "reboot_resized")
-    # The rollout verified the node after its second boot: the housekeeper kept the kernel threads off the
-    # new isolated set too (issue 41: none that may move, after each boot).
-    after = rolled.result(VERIFY, NODE)
-    assert [k for k in after["kthreads"] if not k["comm"].startswith("irq/")] == [], after["kthreads"]
-    for name in ("guaranteed-1", "burstable-1"):
-        kg.wait_gone(kube, NS, name, timeout=30)  # evicted by the drain, before the reboot
-    booted = kernel(guest)
-    new_set = {2, 3, 4, 5, 6, 7}
-    assert booted["args"]["isolcpus"] == "managed_irq,2-7" and booted["nohz_full"] == new_set, booted
-    journal = guest.ssh("journalctl -u kubelet -b --no-pager -o cat")
-    assert "doesn't match with CPUs in state" not in journal and "please drain node" not in journal
-    g = kg.create(kube, NS, kg.pod("guaranteed-2", kg.guaranteed(2), rs))
-    kg.wait_running(kube, NS, "guaranteed-2", guest)
-    held = cpus(kg.cpus_inside(guest, NS, "guaranteed-2", g["metadata"]["uid"]))
-    assert len(held) == 2 and whole_cores(held) and held <= new_set and held <= booted["nohz_full"], held
-    assert {p["comm"] for p in kg.processes(guest) if p["comm"] in ("kubelet", "containerd")} == {
-        "kubelet",
-        "containerd",
-    }
-    assert all(
-        cpus(p["allowed"]) <= {0, 1} for p in kg.processes(guest) if p["comm"] in ("kubelet", "containerd", "systemd")
-    ), "CPUAffinity follows the resize"
-    again = run(guest, "site.yml", tmp_path, resized, "site_again")
+    # 4. By hand (CPUPOOLS_GUEST_RESIZE=1): a change of the pool sizes, rolled out (a second reboot). Then a
+    #    second site.yml with the pods running changes nothing on the node, and the fleet report that
+    #    showed the node pending its reboot shows it ok (rendered anew: rebooted and verified).
+    sizes = {}
+    if os.environ.get("CPUPOOLS_GUEST_RESIZE") == "1":
+        sizes, inv = RESIZED, resize(guest, kube, tmp_path, rs)
+    again = run(guest, "site.yml", tmp_path, inv, "site_again")
     assert node_changes(again) == [], node_changes(again)
-    assert report_status(again) == "ok"  # rendered anew: rebooted and verified
+    assert report_status(again) == "ok"
 
     # 5. A drop-in the kubelet refuses, rolled out over a fleet: the rollout stops at this node.
     bystander = tmp_path / "bystander"
@@ -330,10 +318,10 @@ def test_the_kubelet_runtime_on_a_real_kubelet(node, kube, tmp_path, capsys):
     kube.add_node("bystander")
     subprocess.run([*FAKE_KUBELET, "start", str(bystander)], check=True)
     try:
-        stale = refused(guest, kube, tmp_path, bystander)
+        stale = refused(guest, kube, tmp_path, bystander, sizes)
     finally:
         subprocess.run([*FAKE_KUBELET, "stop", str(bystander)], check=True)
-    undone = run(guest, "playbooks/uninstall.yml", tmp_path, resized, "uninstall", None, "--limit", NODE)
+    undone = run(guest, "playbooks/uninstall.yml", tmp_path, inv, "uninstall", None, "--limit", NODE)
     assert undone.rc == 0
     kg.wait_ready(kube, 600, since=stale, guest=guest)  # systemd's next start of the kubelet reads no drop-in
     assert guest.ssh("systemctl is-active kubelet").strip() == "active"
@@ -342,9 +330,12 @@ def test_the_kubelet_runtime_on_a_real_kubelet(node, kube, tmp_path, capsys):
         "/etc/kubernetes/kubelet.conf.d/:",
         "/etc/systemd/system.conf.d/:",
     ]
+    # Uninstalled on a real systemd: none of cpupools' units is left, loaded or on disk (the housekeeper's).
+    left = guest.ssh("systemctl list-units --all --no-legend 'cpupools*'; ls /etc/systemd/system | grep cpupools || :")
+    assert left.strip() == "", left
 
     # 6. The same cluster, cpupools_runtime: cmk: site.yml writes cmk's kernel arguments and its pool
-    #    state; a pod completed by the pod injection policy runs cmk isolate on the kernel step 4 booted
+    #    state; a pod completed by the pod injection policy runs cmk isolate on the kernel step 2 booted
     #    (cmk hands out its pools' CPUs whatever the kernel isolated; cmk's own arguments booted and
     #    verified with oslat are tests/guest/test_real_kernel.py's, by hand: docs/guest.md, "What it costs").
     cmk_inv = write_inventory(
@@ -367,7 +358,7 @@ def test_the_kubelet_runtime_on_a_real_kubelet(node, kube, tmp_path, capsys):
     env = dict(line.split("=", 1) for line in printed.splitlines() if line.startswith("CMK_"))
     mine = cpus(kg.cpus_inside(guest, NS, "cmk-1", made["metadata"]["uid"]))
     assert mine == cpus(env["CMK_CPUS_ASSIGNED"]), (mine, env)
-    # isolcpus without domain (step 4's kernel) leaves /sys/devices/system/cpu/isolated empty: the command line says.
+    # isolcpus without domain (step 2's kernel) leaves /sys/devices/system/cpu/isolated empty: the command line says.
     assert mine == cpus(plan["pool_cpus"]["exclusive"]), (mine, plan["pool_cpus"])
     assert mine <= booted["isolcpus"] and mine <= booted["nohz_full"], (mine, booted)
 
@@ -375,7 +366,39 @@ def test_the_kubelet_runtime_on_a_real_kubelet(node, kube, tmp_path, capsys):
         print("\nreal-kubelet guest, seconds: " + json.dumps({k: round(v) for k, v in guest.timings.items()}))
 
 
-def refused(guest: Guest, kube: RealKube, tmp_path: Path, bystander: Path) -> str:
+def resize(guest: Guest, kube: RealKube, tmp_path: Path, rs: dict) -> str:
+    """Step 4, by hand: the pods are evicted, the kubelet comes up, the pod runs again. Returns the inventory."""
+    resized = write_inventory(tmp_path, kube, {NODE: host_vars(guest)}, **RESIZED)
+    site = run(guest, "site.yml", tmp_path, resized, "site_resized")
+    assert report_status(site) == "pending"  # the fleet report: a reboot to come
+    assert site.result(PODS_CAN_USE, NODE)["msg"] == [
+        f"host {NODE}: kubelet 1.36: pods can use 6 of 8 CPUs; reservedSystemCPUs 0-1 "
+        "(the housekeeping CPUs of 2 NUMA node(s))"
+    ]
+    rolled = run(guest, "playbooks/reboot.yml", tmp_path, resized, "reboot_resized")
+    # The rollout verified the node after its second boot: the housekeeper kept the kernel threads off the
+    # new isolated set too (issue 41: none that may move, after each boot).
+    after = rolled.result(VERIFY, NODE)
+    assert [k for k in after["kthreads"] if not k["comm"].startswith("irq/")] == [], after["kthreads"]
+    for name in ("guaranteed-1", "burstable-1"):
+        kg.wait_gone(kube, NS, name, timeout=30)  # evicted by the drain, before the reboot
+    booted = kernel(guest)
+    new_set = {2, 3, 4, 5, 6, 7}
+    assert booted["args"]["isolcpus"] == "managed_irq,2-7" and booted["nohz_full"] == new_set, booted
+    journal = guest.ssh("journalctl -u kubelet -b --no-pager -o cat")
+    for refusal in ("could not restore state from checkpoint", "doesn't match with CPUs in state", "please drain"):
+        assert refusal not in journal, refusal
+    g = kg.create(kube, NS, kg.pod("guaranteed-2", kg.guaranteed(2), rs))
+    kg.wait_running(kube, NS, "guaranteed-2", guest)
+    held = cpus(kg.cpus_inside(guest, NS, "guaranteed-2", g["metadata"]["uid"]))
+    assert len(held) == 2 and whole_cores(held) and held <= new_set and held <= booted["nohz_full"], held
+    services = [p for p in kg.processes(guest) if p["comm"] in ("kubelet", "containerd", "systemd")]
+    assert {p["comm"] for p in services} == {"kubelet", "containerd", "systemd"}, services
+    assert all(cpus(p["allowed"]) <= {0, 1} for p in services), "CPUAffinity follows the resize"
+    return resized
+
+
+def refused(guest: Guest, kube: RealKube, tmp_path: Path, bystander: Path, sizes: dict) -> str:
     """Step 5: the guest first, then a sandbox node whose fake kubelet waits for the same change.
 
     Returns the Ready heartbeat the Node still shows from the kubelet that ran before.
@@ -389,12 +412,12 @@ def refused(guest: Guest, kube: RealKube, tmp_path: Path, bystander: Path) -> st
         "cpupools_reboot_simulate_command": FAKE_BOOT,
         "cpupools_kubelet_simulate_command": FAKE_KUBELET,
     }
-    # The guest keeps step 4's sizes (host vars: the bystander has one NUMA node); the fleet's change is
-    # the kubelet's alone, a restart and no reboot.
+    # The guest keeps its sizes (step 4's, by hand, as host vars: the bystander has one NUMA node); the
+    # fleet's change is the kubelet's alone, a restart and no reboot.
     fleet = write_inventory(
         tmp_path,
         kube,
-        {NODE: {**host_vars(guest), **RESIZED}, "bystander": sandbox},
+        {NODE: {**host_vars(guest), **sizes}, "bystander": sandbox},
         cpupools_kubelet_topology_policy="single-numa-node",
     )
     site = run(guest, "site.yml", tmp_path, fleet, "site_fleet")
