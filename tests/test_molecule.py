@@ -55,12 +55,18 @@ def test_every_scenario_is_listed():
     assert on_disk == set(SCENARIOS)
 
 
-#: Scenarios CI leaves out (marker ``molecule_by_hand``; run them with ``pytest -p no:xdist -m molecule_by_hand``).
+#: Scenarios CI leaves out (marker ``molecule_by_hand``; run them with ``pytest -p no:xdist -m molecule_by_hand``):
+#: CI's time (docs/molecule.md, "In CI"). CI keeps ``default`` (the whole site.yml on a real systemd) and
+#: ``check`` (check mode against real systemd units).
 #: ``kubelet``: its real systemd unit runs a stand-in kubelet; since the real-kubelet guest
 #: (tests/guest/test_real_kubelet.py, in CI) runs the same rollout on a real systemd with the real kubelet,
 #: and tests/playbook/test_kubelet_playbook.py its check mode, what it alone proved (check mode against a real
 #: systemd unit) cost each CI run 847 s and 236 CPU-seconds on the controller, its container's not counted.
-BY_HAND = {"kubelet"}
+#: ``platform``: the container platform itself (``default`` and ``check`` stand on it).
+#: ``adopt``, ``resize``: the plan's branch and the resize's refusal and kept workload, which the suite's
+#: sandboxes take through site.yml (tests/playbook/test_check_mode.py, tests/agent/).
+#: ``uninstall``: the real-kubelet guest uninstalls on a real systemd (its units gone, the kubelet back).
+BY_HAND = {"kubelet", "platform", "adopt", "resize", "uninstall"}
 
 
 @pytest.mark.parametrize(
