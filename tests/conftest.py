@@ -99,6 +99,14 @@ def pytest_terminal_summary(terminalreporter):
     )
     for nodeid, seconds in sorted(spent.items(), key=lambda kv: -kv[1])[:CPU_SUMMARY]:
         terminalreporter.write_line(f"{seconds:8.1f}s cpu  {nodeid}")
+    # By file too: where a cut of CI's time can come from is a file's many small tests as often as one big one.
+    per_file: dict[str, list[float]] = {}
+    for nodeid, seconds in spent.items():
+        per_file.setdefault(nodeid.split("::", 1)[0], []).append(seconds)
+    if len(per_file) > 1:
+        terminalreporter.write_sep("=", f"most CPU by file: {min(CPU_SUMMARY, len(per_file))} of {len(per_file)}")
+        for path, times in sorted(per_file.items(), key=lambda kv: -sum(kv[1]))[:CPU_SUMMARY]:
+            terminalreporter.write_line(f"{sum(times):8.1f}s cpu  {len(times):4d} tests  {path}")
 
 
 @pytest.fixture(scope="session")
