@@ -56,7 +56,7 @@ def test_every_scenario_is_listed():
 
 
 #: Scenarios CI leaves out (marker ``molecule_by_hand``; run them with ``pytest -p no:xdist -m molecule_by_hand``):
-#: CI's time (docs/molecule.md, "In CI"). CI keeps ``default`` (the whole site.yml on a real systemd) and
+#: CI's time (docs/molecule.md, "Run them"). CI keeps ``default`` (the whole site.yml on a real systemd) and
 #: ``check`` (check mode against real systemd units).
 #: ``kubelet``: its real systemd unit runs a stand-in kubelet; since the real-kubelet guest
 #: (tests/guest/test_real_kubelet.py, in CI) runs the same rollout on a real systemd with the real kubelet,

@@ -1,6 +1,6 @@
 """The converged check against the stages themselves (issue 14): one source of truth.
 
-A fleet of one host per kind of fixture shape (tests/fixtures/sysfs.py, FLEET) is set up
+A fleet of one host per transition, each a kind of fixture shape (tests/fixtures/sysfs.py, FLEET), is set up
 with site.yml. Each host then goes through one transition (a resize, changed
 kernel arguments, an edited boot loader drop-in or irqbalance drop-in, a
 removed unit, a changed cmk, an edited pool state, a changed file mode, or
