@@ -202,6 +202,20 @@ def whole_cores(held: set[int]) -> bool:
     return all(core <= held or not core & held for core in CORES)
 
 
+def movable_kthreads(verified: dict) -> list[dict]:
+    """The kernel threads verify found on the isolated CPUs that may move (an IRQ's thread follows its IRQ,
+    which verify's IRQ check judges)."""
+    return [k for k in verified["kthreads"] if not k["comm"].startswith("irq/")]
+
+
+def assert_state_accepted(guest: Guest) -> None:
+    """This boot's kubelet started on the CPU manager state it found: it refuses a checkpoint of another
+    policy or of other CPUs, and asks for a drain."""
+    journal = guest.ssh("journalctl -u kubelet -b --no-pager -o cat")
+    for refusal in ("could not restore state from checkpoint", "doesn't match with CPUs in state", "please drain"):
+        assert refusal not in journal, refusal
+
+
 def report_status(res) -> str:
     return res.result("Render the fleet report", NODE)["hosts"][NODE]["status"]
 
@@ -226,13 +240,11 @@ def test_the_kubelet_runtime_on_a_real_kubelet(node, kube, tmp_path, capsys):
     assert booted["args"]["isolcpus"] == "managed_irq,2-3,6-7" and booted["nohz_full"] == KUBELETS, booted
     # The rollout removed the state of policy none before the kubelet's first start with static: the
     # kubelet refuses a checkpoint of another policy, or of other CPUs, and asks for a drain.
-    journal = guest.ssh("journalctl -u kubelet -b --no-pager -o cat")
-    for refusal in ("could not restore state from checkpoint", "doesn't match with CPUs in state", "please drain"):
-        assert refusal not in journal, refusal
+    assert_state_accepted(guest)
     # The rollout verified the node after its boot: the housekeeper kept every kernel thread that may move
     # off the isolated set (issue 41).
     after = rolled.result(VERIFY, NODE)
-    assert [k for k in after["kthreads"] if not k["comm"].startswith("irq/")] == [], after["kthreads"]
+    assert movable_kthreads(after) == [], after["kthreads"]
     state = kg.cpu_manager_state(guest)
     assert (state["policyName"], cpus(state["defaultCpuSet"])) == ("static", KUBELETS), state
     dropin = yaml.safe_load(guest.ssh("cat /etc/kubernetes/kubelet.conf.d/50-cpupools.conf"))
@@ -282,8 +294,7 @@ def test_the_kubelet_runtime_on_a_real_kubelet(node, kube, tmp_path, capsys):
     )
     assert "Result=success" in housekeeper and "ExecMainStatus=0" in housekeeper, housekeeper
     assert "disabled" not in housekeeper and "cmk housekeep: " in housekeeper, housekeeper
-    movable = [k for k in result["kthreads"] if not k["comm"].startswith("irq/")]  # an IRQ's thread: its IRQ's
-    assert movable == [], result["kthreads"]
+    assert movable_kthreads(result) == [], result["kthreads"]
     latency = result["latency"]
     measured = {int(cpu) for cpu in latency["cpus"]}
     assert latency["skipped"] is None and latency["ok"] and cpus(latency["left_out"]) == held, latency
@@ -379,15 +390,13 @@ def resize(guest: Guest, kube: RealKube, tmp_path: Path, rs: dict) -> str:
     # The rollout verified the node after its second boot: the housekeeper kept the kernel threads off the
     # new isolated set too (issue 41: none that may move, after each boot).
     after = rolled.result(VERIFY, NODE)
-    assert [k for k in after["kthreads"] if not k["comm"].startswith("irq/")] == [], after["kthreads"]
+    assert movable_kthreads(after) == [], after["kthreads"]
     for name in ("guaranteed-1", "burstable-1"):
         kg.wait_gone(kube, NS, name, timeout=30)  # evicted by the drain, before the reboot
     booted = kernel(guest)
     new_set = {2, 3, 4, 5, 6, 7}
     assert booted["args"]["isolcpus"] == "managed_irq,2-7" and booted["nohz_full"] == new_set, booted
-    journal = guest.ssh("journalctl -u kubelet -b --no-pager -o cat")
-    for refusal in ("could not restore state from checkpoint", "doesn't match with CPUs in state", "please drain"):
-        assert refusal not in journal, refusal
+    assert_state_accepted(guest)
     g = kg.create(kube, NS, kg.pod("guaranteed-2", kg.guaranteed(2), rs))
     kg.wait_running(kube, NS, "guaranteed-2", guest)
     held = cpus(kg.cpus_inside(guest, NS, "guaranteed-2", g["metadata"]["uid"]))
