@@ -194,8 +194,9 @@ beside molecule molecule_job "$@"
 
 # The real-kernel scenario (tests/guest/test_real_kubelet.py): a Debian 13 guest
 # under qemu (TCG) as the node, with the real kubelet joined to a real control
-# plane: the kubelet runtime end to end (two reboots, verify with oslat), then
-# cmk on the same cluster and the same guest (site.yml, a cmk pod). Its image is
+# plane: the kubelet runtime end to end (a drained reboot, pods pinned, verify
+# with oslat, a re-run that changes nothing; its resize, refused drop-in,
+# uninstall and cmk steps by hand: CPUPOOLS_GUEST_ALL=1, docs/guest.md). Its image is
 # built once per machine (cached under ~/.cache/cpupools/guest). The Debian 12
 # guest of tests/guest/test_real_kernel.py (cmk's own kernel arguments booted
 # and verified) runs by hand (-m bookworm_guest): a second emulated guest, or a
@@ -247,7 +248,7 @@ finish lint "lint: ansible-lint, module docs: ansible-doc" "0"
 finish pidreuse "CMK v1.4 interleaving, in a PID namespace of its own" "0 5"
 finish compat_core "the installed collection on ansible-core 2.19.4 and 2.20, the node side on Python 3.9-3.13" "0 5"
 finish molecule "molecule platform and scenarios" "0 5"
-finish guest "the real-kernel scenario in a qemu guest (Debian 13: the real kubelet, then cmk)" "0 5"
+finish guest "the real-kernel scenario in a qemu guest (Debian 13: the real kubelet)" "0 5"
 rm -f "$guest_session"
 step "cost"
 printf 'machine speed: the fixed loop took %s CPU-seconds at the end of the run\n' "$(speed)"

@@ -56,8 +56,8 @@ def test_every_scenario_is_listed():
 
 
 #: Scenarios CI leaves out (marker ``molecule_by_hand``; run them with ``pytest -p no:xdist -m molecule_by_hand``):
-#: CI's time (docs/molecule.md, "Run them"). CI keeps ``default`` (the whole site.yml on a real systemd) and
-#: ``check`` (check mode against real systemd units).
+#: CI's time (docs/molecule.md, "Run them"). CI keeps ``default`` (the whole site.yml on a real systemd),
+#: ``check`` (check mode against real systemd units) and ``uninstall`` (cpupools_state: absent on them).
 #: ``kubelet``: its real systemd unit runs a stand-in kubelet; since the real-kubelet guest
 #: (tests/guest/test_real_kubelet.py, in CI) runs the same rollout on a real systemd with the real kubelet,
 #: and tests/playbook/test_kubelet_playbook.py its check mode, what it alone proved (check mode against a real
@@ -65,8 +65,8 @@ def test_every_scenario_is_listed():
 #: ``platform``: the container platform itself (``default`` and ``check`` stand on it).
 #: ``adopt``, ``resize``: the plan's branch and the resize's refusal and kept workload, which the suite's
 #: sandboxes take through site.yml (tests/playbook/test_check_mode.py, tests/agent/).
-#: ``uninstall``: the real-kubelet guest uninstalls on a real systemd (its units gone, the kubelet back).
-BY_HAND = {"kubelet", "platform", "adopt", "resize", "uninstall"}
+#: ``uninstall`` is back in CI since the real-kubelet guest's uninstall step went by hand (docs/molecule.md).
+BY_HAND = {"kubelet", "platform", "adopt", "resize"}
 
 
 @pytest.mark.parametrize(

@@ -25,12 +25,13 @@ pod as its controller would. One scenario, in order:
    the process, for a stray pinned onto the pod's CPUs;
 4. a second site.yml, the pods running, changes nothing on the node, and
    the fleet report that showed the node pending its reboot shows it ok;
-   by hand (CPUPOOLS_GUEST_RESIZE=1), a change of the pool sizes rolled out
+   by hand (CPUPOOLS_GUEST_ALL=1), a change of the pool sizes rolled out
    before it: the drain evicts the pods, the kubelet comes up without
    refusing its state, the rollout's verify finds no kernel thread that may
    move on the new isolated set, a recreated Guaranteed pod runs on the new
    exclusive set (a second reboot: out of CI since 2026-12-01, docs/guest.md,
    "What it costs");
+by hand too (CPUPOOLS_GUEST_ALL=1, with the resize; out of CI since 2026-12-01):
 5. a drop-in the kubelet refuses (the operator's own kubelet configuration
    turned the static policy's beta options off, and cpupools' drop-in asks
    for one): the rollout stops at this node with the kubelet's own message, the node stays
@@ -86,7 +87,7 @@ NS = "latency"
 RESERVED = {0, 1, 4, 5}
 KUBELETS = {2, 3, 6, 7}
 CORES = [{0, 1}, {2, 3}, {4, 5}, {6, 7}]
-#: Step 4, by hand (CPUPOOLS_GUEST_RESIZE=1): NUMA node 1 keeps no housekeeping core: the kubelet gets 2-7.
+#: Step 4, by hand (CPUPOOLS_GUEST_ALL=1): NUMA node 1 keeps no housekeeping core: the kubelet gets 2-7.
 RESIZED = {"cpupools_infra_cores": {0: 1, 1: 0}}
 FAKE_KUBELET = [sys.executable, str(REPO / "tests/fixtures/fake_kubelet.py")]
 FAKE_BOOT = [sys.executable, str(REPO / "tests/fixtures/fake_boot.py")]
@@ -313,17 +314,29 @@ def test_the_kubelet_runtime_on_a_real_kubelet(node, kube, tmp_path, capsys):
     assert caught.rc != 0
     assert f"pid {stray_pid} (cpupools-stray) is pinned to exclusive CPU {format_cpulist(held)}" in caught.messages()
 
-    # 4. By hand (CPUPOOLS_GUEST_RESIZE=1): a change of the pool sizes, rolled out (a second reboot). Then a
+    # 4. By hand (CPUPOOLS_GUEST_ALL=1): a change of the pool sizes, rolled out (a second reboot). Then a
     #    second site.yml with the pods running changes nothing on the node, and the fleet report that
     #    showed the node pending its reboot shows it ok (rendered anew: rebooted and verified).
     sizes = {}
-    if os.environ.get("CPUPOOLS_GUEST_RESIZE") == "1":
+    if os.environ.get("CPUPOOLS_GUEST_ALL") == "1":
         sizes, inv = RESIZED, resize(guest, kube, tmp_path, rs)
     again = run(guest, "site.yml", tmp_path, inv, "site_again")
     assert node_changes(again) == [], node_changes(again)
     assert report_status(again) == "ok"
 
-    # 5. A drop-in the kubelet refuses, rolled out over a fleet: the rollout stops at this node.
+    # 5 and 6, by hand (CPUPOOLS_GUEST_ALL=1, with step 4's resize): out of CI since 2026-12-01 (docs/guest.md,
+    #    "What it costs"): a refused drop-in, uninstall.yml, then cmk on the same cluster and guest.
+    if os.environ.get("CPUPOOLS_GUEST_ALL") == "1":
+        refused_then_uninstalled(guest, kube, tmp_path, inv, sizes)
+        cmk_on_the_same_cluster(guest, kube, tmp_path, booted)
+
+    with capsys.disabled():
+        print("\nreal-kubelet guest, seconds: " + json.dumps({k: round(v) for k, v in guest.timings.items()}))
+
+
+def refused_then_uninstalled(guest: Guest, kube: RealKube, tmp_path: Path, inv: str, sizes: dict) -> None:
+    """Step 5, by hand: a drop-in the kubelet refuses, rolled out over a fleet, stops the rollout at this node;
+    uninstall.yml brings the kubelet back (policy none, Ready) and leaves no cpupools unit."""
     bystander = tmp_path / "bystander"
     write_tree(str(bystander), CORPUS["1s8c-smt2"])
     kube.add_node("bystander")
@@ -345,10 +358,12 @@ def test_the_kubelet_runtime_on_a_real_kubelet(node, kube, tmp_path, capsys):
     left = guest.ssh("systemctl list-units --all --no-legend 'cpupools*'; ls /etc/systemd/system | grep cpupools || :")
     assert left.strip() == "", left
 
-    # 6. The same cluster, cpupools_runtime: cmk: site.yml writes cmk's kernel arguments and its pool
-    #    state; a pod completed by the pod injection policy runs cmk isolate on the kernel step 2 booted
-    #    (cmk hands out its pools' CPUs whatever the kernel isolated; cmk's own arguments booted and
-    #    verified with oslat are tests/guest/test_real_kernel.py's, by hand: docs/guest.md, "What it costs").
+
+def cmk_on_the_same_cluster(guest: Guest, kube: RealKube, tmp_path: Path, booted: dict) -> None:
+    """Step 6, by hand: the same cluster, cpupools_runtime: cmk, on the kernel step 2 booted."""
+    # site.yml writes cmk's kernel arguments and its pool state; a pod completed by the pod injection policy
+    # runs cmk isolate on the kernel step 2 booted (cmk hands out its pools' CPUs whatever the kernel isolated;
+    # cmk's own arguments booted and verified with oslat are tests/guest/test_real_kernel.py's, by hand).
     cmk_inv = write_inventory(
         tmp_path, kube, {NODE: host_vars(guest)}, cpupools_runtime="cmk", cpupools_num_shared_cores=1
     )
@@ -372,9 +387,6 @@ def test_the_kubelet_runtime_on_a_real_kubelet(node, kube, tmp_path, capsys):
     # isolcpus without domain (step 2's kernel) leaves /sys/devices/system/cpu/isolated empty: the command line says.
     assert mine == cpus(plan["pool_cpus"]["exclusive"]), (mine, plan["pool_cpus"])
     assert mine <= booted["isolcpus"] and mine <= booted["nohz_full"], (mine, booted)
-
-    with capsys.disabled():
-        print("\nreal-kubelet guest, seconds: " + json.dumps({k: round(v) for k, v in guest.timings.items()}))
 
 
 def resize(guest: Guest, kube: RealKube, tmp_path: Path, rs: dict) -> str:
