@@ -72,7 +72,8 @@ CORE_TYPES = (PERFORMANCE, EFFICIENCY)
 #: least this share of the largest capacity is a performance core (big and
 #: "prime" cores alike); below it, an efficiency (LITTLE) core.
 PERFORMANCE_CAPACITY_SHARE = 0.75
-_TOPOLOGY_FILES = ("physical_package_id", "die_id", "core_id", "thread_siblings_list")
+#: A core's ids, the same in each of its threads (read_cpu_tree reads them once per core).
+_CORE_FILES = ("physical_package_id", "die_id", "core_id")
 
 
 @dataclass(frozen=True)
@@ -717,6 +718,7 @@ def read_cpu_tree(root: str = "/") -> dict[str, str | None]:
     files[CMDLINE] = read_text(os.path.join(root, CMDLINE))
     l2_read: set[int] = set()
     l3_read: set[int] = set()
+    core_ids: dict[str, tuple[str | None, ...]] = {}
     node_of = node_of_cpus(read_node_cpus(root))
     for node, row in read_node_distances(root).items():
         files[f"{NODE_DIR}/node{node}/distance"] = row
@@ -730,10 +732,19 @@ def read_cpu_tree(root: str = "/") -> dict[str, str | None]:
         path = f"{cpu_dir}/{name}"
         if online_list is None:  # build_topology reads a CPU's own online file only without the node's list
             files[f"{rel}/online"] = read_text(f"{path}/online")
-        for topo in _TOPOLOGY_FILES:
-            files[f"{rel}/topology/{topo}"] = read_text(f"{path}/topology/{topo}")
-        if files[f"{rel}/topology/thread_siblings_list"] is None:  # its newer name, read only where it is missing
-            files[f"{rel}/topology/core_cpus_list"] = read_text(f"{path}/topology/core_cpus_list")
+        siblings = files[f"{rel}/topology/thread_siblings_list"] = read_text(f"{path}/topology/thread_siblings_list")
+        if siblings is None:  # its newer name, read only where it is missing
+            siblings = files[f"{rel}/topology/core_cpus_list"] = read_text(f"{path}/topology/core_cpus_list")
+        # The kernel makes a thread's siblings from its package and core: every thread of a core prints the
+        # same list and the same ids, so the core's first thread reads them for the others (1,536 of the
+        # ~7,700 files on 1,024 CPUs). A thread whose list differs is a core of its own, and reads its own.
+        ids = core_ids.get(siblings) if siblings is not None else None
+        if ids is None:
+            ids = tuple(read_text(f"{path}/topology/{topo}") for topo in _CORE_FILES)
+            if siblings is not None:
+                core_ids[siblings] = ids
+        for index, topo in enumerate(_CORE_FILES):  # no zip(strict=): the nodes' Python may be 3.9
+            files[f"{rel}/topology/{topo}"] = ids[index]
         files[f"{rel}/cpufreq/base_frequency"] = read_text(f"{path}/cpufreq/base_frequency")
         if cpu not in l3_read:  # one CPU per L3 domain: its list names the others
             _keep_domain(files, rel, "L3", (L3_SHARED, L3_ID), read_l3(root, cpu), l3_read)
