@@ -737,7 +737,7 @@ def read_cpu_tree(root: str = "/") -> dict[str, str | None]:
             siblings = files[f"{rel}/topology/core_cpus_list"] = read_text(f"{path}/topology/core_cpus_list")
         # The kernel makes a thread's siblings from its package and core: every thread of a core prints the
         # same list and the same ids, so the core's first thread reads them for the others (1,536 of the
-        # ~7,700 files on 1,024 CPUs). A thread whose list differs is a core of its own, and reads its own.
+        # 7,899 files on 1,024 CPUs). A thread whose list differs is a core of its own, and reads its own.
         ids = core_ids.get(siblings) if siblings is not None else None
         if ids is None:
             ids = tuple(read_text(f"{path}/topology/{topo}") for topo in _CORE_FILES)
