@@ -89,6 +89,8 @@ KUBELETS = {2, 3, 6, 7}
 CORES = [{0, 1}, {2, 3}, {4, 5}, {6, 7}]
 #: Step 4, by hand (CPUPOOLS_GUEST_ALL=1): NUMA node 1 keeps no housekeeping core: the kubelet gets 2-7.
 RESIZED = {"cpupools_infra_cores": {0: 1, 1: 0}}
+#: Step 4's resize, and steps 5 and 6, run only by hand (CPUPOOLS_GUEST_ALL=1): CI's time (docs/guest.md).
+ALL_STEPS = os.environ.get("CPUPOOLS_GUEST_ALL") == "1"
 FAKE_KUBELET = [sys.executable, str(REPO / "tests/fixtures/fake_kubelet.py")]
 FAKE_BOOT = [sys.executable, str(REPO / "tests/fixtures/fake_boot.py")]
 PODS_CAN_USE = "Say how many CPUs pods can use on the kubelet nodes this run changes"
@@ -318,7 +320,7 @@ def test_the_kubelet_runtime_on_a_real_kubelet(node, kube, tmp_path, capsys):
     #    second site.yml with the pods running changes nothing on the node, and the fleet report that
     #    showed the node pending its reboot shows it ok (rendered anew: rebooted and verified).
     sizes = {}
-    if os.environ.get("CPUPOOLS_GUEST_ALL") == "1":
+    if ALL_STEPS:
         sizes, inv = RESIZED, resize(guest, kube, tmp_path, rs)
     again = run(guest, "site.yml", tmp_path, inv, "site_again")
     assert node_changes(again) == [], node_changes(again)
@@ -326,7 +328,7 @@ def test_the_kubelet_runtime_on_a_real_kubelet(node, kube, tmp_path, capsys):
 
     # 5 and 6, by hand (CPUPOOLS_GUEST_ALL=1, with step 4's resize): out of CI since 2026-12-01 (docs/guest.md,
     #    "What it costs"): a refused drop-in, uninstall.yml, then cmk on the same cluster and guest.
-    if os.environ.get("CPUPOOLS_GUEST_ALL") == "1":
+    if ALL_STEPS:
         refused_then_uninstalled(guest, kube, tmp_path, inv, sizes)
         cmk_on_the_same_cluster(guest, kube, tmp_path, booted)
 
