@@ -76,7 +76,7 @@ def groups(result, refresh=False):
 
 
 #: What only a stage that runs reads (and Ansible's echo of the arguments): left out of a converged host's result.
-STAGE_ONLY = ("files", "inputs", "invocation")
+STAGE_ONLY = ("files", "inputs", "invocation", "agent_leftovers")
 
 
 def name_topology(result, check_mode):

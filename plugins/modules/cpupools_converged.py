@@ -147,6 +147,15 @@ k8s_skip:
       C(cpupools_k8s_skipped), so that the plan play's message reads one host's result per reason.
   returned: success
   type: str
+agent_leftovers:
+  description:
+    - On a host whose C(cpupools_runtime) is not C(cmk), the paths of cmk's launcher, zipapp, pool state and
+      reconcile units that are on the node, which the agent stage removes; empty on a C(cmk) host. The agent
+      stage skips its removal tasks when the list is empty (a node that never ran cmk).
+  returned: when the stages are compared, unless the result is slim (O(slim))
+  type: list
+  elements: str
+  sample: ["/opt/bin/cmk", "/etc/cmk"]
 state_warnings:
   description:
     - What the check of the pool state warned about (printed by this module, with the host's name). The
@@ -256,7 +265,11 @@ def main():
             )
             stages = node["stages"]
             result.update(
-                stages=stages, files=node["files"], exports=node["exports"], state_warnings=node["state_warnings"]
+                stages=stages,
+                files=node["files"],
+                exports=node["exports"],
+                state_warnings=node["state_warnings"],
+                agent_leftovers=node["agent_leftovers"],
             )
             for warning in node["warnings"]:
                 module.warn(say(warning))

@@ -124,6 +124,11 @@ def test_a_node_of_another_runtime_converges_once_nothing_of_the_agent_is_left(t
         "agent: cpupools_runtime is kubelet: the agent stage removes /opt/bin/cmk",
         "agent: cpupools_runtime is kubelet: the agent stage removes /etc/systemd/system/cpupools-reconcile.timer",
     ]
+    # The paths alone are the converged module's agent_leftovers: the agent stage removes only when there are any.
+    assert stage_check.leftover_paths(v, str(tmp_path)) == [
+        "/opt/bin/cmk",
+        "/etc/systemd/system/cpupools-reconcile.timer",
+    ]
 
 
 def test_agent_node_name_follows_the_roles_default_chain():

@@ -156,6 +156,8 @@ def test_kubelet_runtime_end_to_end_with_the_reboot(playbook, tmp_path, cluster,
         assert json.loads((root / STATE).read_text())["policyName"] == "none"
         # No cmk pieces on a kubelet node: no agent, no pool state, no label, taint or extended resource.
         assert not (root / "opt/bin/cmk").exists() and not (root / "etc/cmk").exists()
+        # The plan found none there, so the agent stage did not look for them to remove.
+        assert site.result("Remove the pool state directory", node).get("skipped") is True
         node_obj = cluster.nodes[node]
         assert "cmk.intel.com/cmk-node" not in node_obj["metadata"]["labels"]
         assert "cmk.intel.com/exclusive-cores" not in node_obj["status"]["capacity"]

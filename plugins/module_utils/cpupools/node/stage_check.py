@@ -544,8 +544,8 @@ def check_node(
     Returns ``stages`` (name -> list of reasons, empty when converged),
     ``files`` (the rendered files, for the stages to write), ``exports``
     (the facts a skipped stage would have set, for the report), ``warnings``
-    (for the caller to say) and ``state_warnings`` (those of the pool state,
-    which the agent stage is told were said).
+    (for the caller to say), ``state_warnings`` (those of the pool state,
+    which the agent stage is told were said) and ``agent_leftovers`` (``leftover_paths``).
     """
     root = values["root"]
     host_io = Host(
@@ -586,12 +586,14 @@ def check_node(
         "warnings": [*kernel["warnings"], *state["warnings"]],
         # what the agent stage's cpupools_state would warn about again: it is told they were said
         "state_warnings": list(state["warnings"]),
+        # on a node of another runtime, what of cmk the agent stage removes: it skips the removal when nothing
+        "agent_leftovers": [] if cmk else leftover_paths(values, root),
     }
 
 
-def agent_leftovers(values: Mapping, root: str) -> list[str]:
-    """On a node of another runtime, what the agent stage would remove: the launcher and its zipapp, the
-    pool state and the reconcile units (roles/cpupools_agent/tasks/absent.yml); nothing there, nothing to do."""
+def leftover_paths(values: Mapping, root: str) -> list[str]:
+    """On a node of another runtime, the paths (on the node) the agent stage would remove: the launcher and its
+    zipapp, the pool state and the reconcile units (roles/cpupools_agent/tasks/absent.yml)."""
     paths = [
         values["agent_path"],
         values["agent_path"] + ".pyz",
@@ -599,10 +601,14 @@ def agent_leftovers(values: Mapping, root: str) -> list[str]:
         f"{UNIT_DIR}/{UNIT}.service",
         f"{UNIT_DIR}/{UNIT}.timer",
     ]
+    return [path for path in paths if os.path.lexists(under(root, path))]
+
+
+def agent_leftovers(values: Mapping, root: str) -> list[str]:
+    """The reasons of ``leftover_paths``: nothing there, nothing to do."""
     return [
         f"agent: cpupools_runtime is {values['runtime']}: the agent stage removes {path}"
-        for path in paths
-        if os.path.lexists(under(root, path))
+        for path in leftover_paths(values, root)
     ]
 
 
