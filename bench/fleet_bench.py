@@ -209,6 +209,7 @@ def run(
     data = json.loads(proc.stdout.strip().splitlines()[-1])
     data["cpu"] = children_cpu() - cpu
     data["main"] = data["main_cpu"]["user"] + data["main_cpu"]["system"]
+    data["work"] = data["main"] - data.get("main_wait", 0.0)
     return wall, data
 
 
@@ -221,6 +222,7 @@ def measures(wall: float, data: dict, hosts: int) -> dict:
         "modules": data["modules"] / hosts,
         "cpu": data["cpu"] / hosts,
         "main": data["main"] / hosts,
+        "work": data["work"] / hosts,
         "main_total": data["main"],
         "changed": data["changed"],
         "changed_tasks": data["changed_tasks"],
@@ -311,6 +313,7 @@ def report_fleet(hosts: int, rows: list[dict]) -> None:
     )
     ratio = [r["rerun"]["wall"] / r["ping"]["wall"] for r in rows]
     main = [r["rerun"]["main"] / r["ping"]["main"] for r in rows]
+    work = [r["rerun"]["work"] / r["ping"]["work"] for r in rows]
     cpu = [r["rerun"]["cpu"] / r["ping"]["cpu"] for r in rows]
 
     def fmt(xs: list[float]) -> str:
@@ -319,6 +322,11 @@ def report_fleet(hosts: int, rows: list[dict]) -> None:
     print(
         f"  re-run / ping: wall {fmt(ratio)} (target <= 1.25); main-process CPU {fmt(main)} (target <= 1.25); "
         f"all CPU {fmt(cpu)}"
+    )
+    print(
+        f"  main process without its wait for a free worker (ansible-core's 0.1 ms polling loop while every fork"
+        f" is busy): re-run {median(rows, 'rerun', 'work'):.3f}, ping {median(rows, 'ping', 'work'):.3f} CPU s/host;"
+        f" re-run / ping {fmt(work)}"
     )
 
 

@@ -53,6 +53,11 @@ def test_the_fleet_bench_prints_the_ratios_the_serial_part_and_the_result_sizes_
     assert (
         len(re.findall(r"re-run's serial part: tasks run once for the play [\d.]+ s, .* per host [\d.]+ ms", out)) == 2
     )
+    # the main process's CPU without its polling for a free worker: a share of it, never more
+    waits = re.findall(r"without its wait for a free worker .*: re-run ([\d.]+), ping ([\d.]+) CPU s/host", out)
+    mains = re.findall(r"^  (?:rerun|ping ): .*CPU s/host [\d.]+ all, ([\d.]+) main process", out, re.M)
+    assert len(waits) == 2 and len(mains) == 4, out
+    assert all(0 < float(w) <= float(m) for w, m in zip([x for pair in waits for x in pair], mains, strict=True)), out
     assert re.search(r"per added host, 2 to 3 hosts, .*ratio [\d.-]+ \(target: .*\); tasks run once", out), out
     # the converged re-run's plan result, per host, beside its target: a number under it
     size = re.search(

@@ -10,7 +10,13 @@ object: per host the results (tasks, module executions, changed), the
 statistics, the main process's user and system CPU seconds, and with
 ``CPUPOOLS_BENCH_SIZES=1`` the size of each task's result (its JSON) per
 task name, which costs the main process CPU of its own (keep it off when
-timing). It also keeps the wall time of each task (from its start to the
+timing). It measures too the part of that CPU which is a wait: when every
+fork is busy, ansible-core's ``_queue_task`` loops until a worker ends, with
+a 0.1 ms sleep between two looks at every worker and the RPC queue. That
+loop's CPU grows with how long a worker takes (the node's module, which on
+a real fleet runs on the node), not with the strategy's work per host;
+``main_wait`` is the main thread's CPU from the first sleep of each such
+wait to the last. It also keeps the wall time of each task (from its start to the
 next task's or play's) and its number of results (one for a task run once
 for the play: the bench's serial part). Only ansible-core is needed (the bench ran ``ansible.posix.json``
 before, which only the development set has).
@@ -22,6 +28,7 @@ import resource
 import sys
 import time
 
+import ansible.plugins.strategy as strategy_base
 from ansible.plugins.callback import CallbackBase
 
 DOCUMENTATION = r"""
@@ -49,6 +56,48 @@ CONTROLLER_ACTIONS = frozenset(
 )
 
 
+class _WaitClock:
+    """The strategy module's ``time``: its ``sleep`` marks a wait of ``_queue_task`` for a free worker."""
+
+    def __init__(self, real):
+        self._real = real
+        self.waiting = False  # inside _queue_task
+        self.first = None
+        self.last = None
+        self.total = 0.0
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def sleep(self, seconds):
+        if self.waiting and self.first is None:
+            self.first = time.thread_time()
+        self._real.sleep(seconds)
+        if self.waiting:
+            self.last = time.thread_time()
+
+
+def _measure_waits() -> _WaitClock:
+    """Wrap ``StrategyBase._queue_task`` once per process: the CPU between its first and last sleep."""
+    clock = strategy_base.time
+    if isinstance(clock, _WaitClock):
+        return clock
+    clock = strategy_base.time = _WaitClock(time)
+    queue_task = strategy_base.StrategyBase._queue_task
+
+    def measured(self, *args, **kwargs):
+        clock.waiting, clock.first, clock.last = True, None, None
+        try:
+            return queue_task(self, *args, **kwargs)
+        finally:
+            clock.waiting = False
+            if clock.first is not None:
+                clock.total += clock.last - clock.first
+
+    strategy_base.StrategyBase._queue_task = measured
+    return clock
+
+
 class CallbackModule(CallbackBase):
     CALLBACK_VERSION = 2.0
     CALLBACK_TYPE = "stdout"
@@ -64,6 +113,7 @@ class CallbackModule(CallbackBase):
         self._task_results = {}
         self._current = None
         self._sizes = {} if os.environ.get("CPUPOOLS_BENCH_SIZES") == "1" else None
+        self._waits = _measure_waits()
 
     def _count(self, result, failed=False):
         self._tasks += 1
@@ -119,6 +169,7 @@ class CallbackModule(CallbackBase):
         hosts = sorted(stats.processed)
         out = {
             "main_cpu": {"user": usage.ru_utime, "system": usage.ru_stime},
+            "main_wait": self._waits.total,
             "hosts": len(hosts),
             "tasks": self._tasks,
             "modules": self._modules,
