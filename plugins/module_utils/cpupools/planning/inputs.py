@@ -685,6 +685,7 @@ INTERNAL = frozenset(
         "agent_housekeep_program_path",
         "agent_housekeep_conf_path",
         "agent_housekeep_files",
+        "agent_housekeep_enabled",
         "agent_housekeep_units",
         "agent_housekeep_predicted",
         "agent_housekeep_timer_file",
