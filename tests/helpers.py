@@ -16,6 +16,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
+#: tests/bytecode/sitecustomize.py: the compile cache of the Pythons of every Ansible run of the tests
+BYTECODE = REPO / "tests" / "bytecode"
 sys.path.insert(0, str(REPO / "plugins" / "module_utils"))
 sys.path.insert(0, str(REPO / "tests" / "fixtures"))
 
@@ -83,6 +85,9 @@ def ansible_env(**extra: str) -> dict[str, str]:
             "ANSIBLE_FORCE_COLOR": "0",
             "ANSIBLE_PYTHON_INTERPRETER": sys.executable,
             "ANSIBLE_LOCAL_TEMP": str(Path(os.environ.get("TMPDIR", "/tmp")) / "cpupools-ansible-local"),
+            # every Python of the run compiles the payloads' module_utils once per session (tests/bytecode)
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(BYTECODE), env.get("PYTHONPATH")])),
+            "CPUPOOLS_TEST_BYTECODE": str(Path(os.environ.get("TMPDIR", "/tmp")) / "cpupools-test-bytecode"),
             "PATH": f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}",
         }
     )
