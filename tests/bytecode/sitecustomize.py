@@ -6,13 +6,14 @@ the controller's and the local "nodes'" alike. Python's ``zipimport`` writes no
 ``.pyc``, and it compiles a module's source twice per import (once to name its
 file, once to run it): every module execution compiles ansible-core's
 module_utils from the payload again, about 40 % of the CPU of a module run on
-the tests' Python 3.13 (README, "Testing"). Here the code ``zipimport`` compiles
-is kept by a digest of the source and the interpreter's magic number, and read
-back for the same source: the module runs the same code, compiled once for the
-whole test session. Its file name is set to the payload's path, as a compile
-would. A cache that cannot be read or written falls back to the compile; a
-Python whose ``zipimport`` has no ``_compile_source`` is left as it is. Off when
-the variable is unset: the benchmarks measure the real cost.
+the tests' Python 3.13 (README, "Testing"). Here the code ``zipimport``
+compiles is kept by a digest of the source, the interpreter's magic number and
+its ``-O`` level, and read back for the same source: the module runs the same
+code, compiled once for the whole test session. Its file name is set to the
+payload's path, as a compile would. A cache that cannot be read or written
+falls back to the compile; a Python whose ``zipimport`` has no
+``_compile_source`` is left as it is. Off when the variable is unset: the
+benchmarks measure the real cost.
 """
 
 import os
@@ -32,8 +33,11 @@ def _install(cache):
         import hashlib
         import importlib.util
         import marshal
+        import sys
 
-        path = os.path.join(cache, hashlib.sha256(importlib.util.MAGIC_NUMBER + source).hexdigest())
+        # what compile() reads besides the source: the interpreter's bytecode and its -O level
+        salt = importlib.util.MAGIC_NUMBER + bytes([sys.flags.optimize])
+        path = os.path.join(cache, hashlib.sha256(salt + source).hexdigest())
         try:
             with open(path, "rb") as cached:
                 code = marshal.loads(cached.read())
