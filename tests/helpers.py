@@ -77,6 +77,7 @@ def cache_tag(python: str) -> str:
 
 def ansible_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
+    tmp = Path(env.get("TMPDIR", "/tmp"))
     env.update(
         {
             "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
@@ -84,10 +85,10 @@ def ansible_env(**extra: str) -> dict[str, str]:
             "ANSIBLE_NOCOLOR": "1",
             "ANSIBLE_FORCE_COLOR": "0",
             "ANSIBLE_PYTHON_INTERPRETER": sys.executable,
-            "ANSIBLE_LOCAL_TEMP": str(Path(os.environ.get("TMPDIR", "/tmp")) / "cpupools-ansible-local"),
+            "ANSIBLE_LOCAL_TEMP": str(tmp / "cpupools-ansible-local"),
             # every Python of the run compiles the payloads' module_utils once per session (tests/bytecode)
             "PYTHONPATH": os.pathsep.join(filter(None, [str(BYTECODE), env.get("PYTHONPATH")])),
-            "CPUPOOLS_TEST_BYTECODE": str(Path(os.environ.get("TMPDIR", "/tmp")) / "cpupools-test-bytecode"),
+            "CPUPOOLS_TEST_BYTECODE": str(tmp / "cpupools-test-bytecode"),
             "PATH": f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}",
         }
     )

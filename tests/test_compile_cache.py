@@ -17,7 +17,8 @@ from pathlib import Path
 from helpers import BYTECODE, ansible_env
 
 PROBE = """
-import sys, traceback
+import sys, traceback, zipimport
+print(zipimport._compile_source.__module__)
 sys.path.insert(0, sys.argv[1])
 import probe
 print(probe.VALUE)
@@ -46,18 +47,18 @@ def run(zip_path: Path, cache: Path | None) -> list[str]:
 def test_the_same_source_is_compiled_once_and_each_zip_keeps_its_own_name(tmp_path):
     cache = tmp_path / "cache"
     first = payload(tmp_path / "first.zip", "one")
-    assert run(first, cache) == ["one", str(first / "probe.py")]
+    assert run(first, cache) == ["sitecustomize", "one", str(first / "probe.py")]
     kept = sorted(cache.iterdir())
     assert len(kept) == 1 and not kept[0].name.endswith(".tmp")
     # Another payload, the same source: read from the cache (nothing new), named after its own zip.
     second = payload(tmp_path / "second.zip", "one")
     kept[0].touch()
     before = kept[0].stat().st_mtime_ns
-    assert run(second, cache) == ["one", str(second / "probe.py")]
+    assert run(second, cache) == ["sitecustomize", "one", str(second / "probe.py")]
     assert sorted(cache.iterdir()) == kept and kept[0].stat().st_mtime_ns == before
     # Another source is another entry: never the code of the first.
     third = payload(tmp_path / "third.zip", "two")
-    assert run(third, cache) == ["two", str(third / "probe.py")]
+    assert run(third, cache) == ["sitecustomize", "two", str(third / "probe.py")]
     assert len(list(cache.iterdir())) == 2
 
 
@@ -68,11 +69,12 @@ def test_a_cache_entry_that_is_not_code_is_compiled_over(tmp_path):
     (entry,) = cache.iterdir()
     for junk in (b"not marshal data", marshal.dumps(42)):
         entry.write_bytes(junk)
-        assert run(zip_path, cache) == ["one", str(zip_path / "probe.py")]
+        assert run(zip_path, cache) == ["sitecustomize", "one", str(zip_path / "probe.py")]
         assert entry.read_bytes() != junk
 
 
 def test_off_without_the_variable_and_on_in_every_ansible_run(tmp_path):
-    assert run(payload(tmp_path / "p.zip", "one"), None) == ["one", str(tmp_path / "p.zip" / "probe.py")]
+    # without the variable zipimport compiles as it does on a node
+    assert run(payload(tmp_path / "p.zip", "one"), None) == ["zipimport", "one", str(tmp_path / "p.zip" / "probe.py")]
     env = ansible_env()
     assert env["PYTHONPATH"].split(":")[0] == str(BYTECODE) and env["CPUPOOLS_TEST_BYTECODE"]
