@@ -2,15 +2,16 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The action of cpupools_converged: fill in ``inputs``, run the module, and group the host by its answer.
 
-The host joins ``cpupools_converged_<stage>`` for every converged stage,
-``cpupools_k8s_skipped`` when the k8s stage has nothing to do on it, and
-``cpupools_planned``, through one group named after the combination (the
-stage plays exclude those groups; docs/performance.md). No task of its own
-per host: on ansible-core 2.21 and later the action adds the groups to the
-inventory itself (``ActionBase.add_group``, which ``group_by`` uses there);
-before 2.21 the strategy adds them from the result's ``add_group`` and
+A host with work joins ``cpupools_todo_<stage>`` for every stage that has
+work on it (the k8s stage's where it runs), through one group named after the
+combination; the first host of the batch also marks that the plan ran. The
+stage plays run on those groups (plugin_utils/stage_groups.py). A converged
+host joins no group and makes no call. No task of its own per host: on
+ansible-core 2.21 and later the action adds the groups to the inventory
+itself (``ActionBase.add_group``, which ``group_by`` uses there); before
+2.21 the strategy adds them from the result's ``add_group`` and
 ``parent_groups``, as it does for ``group_by``. 2.21 no longer reads those
-keys: a converged host then joined no group and reached the stage plays.
+keys: a host then joined no group.
 
 Every result names the host's topology by ``topology_digest``: stored on
 the controller by digest (plugin_utils/digest_store.py), where the report
@@ -41,39 +42,12 @@ inventory does), the default would be hidden: the host joins
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
-from ansible_collections.cpupools.cpupools.plugins.plugin_utils import digest_store
+from ansible_collections.cpupools.cpupools.plugins.plugin_utils import digest_store, stage_groups
 from ansible_collections.cpupools.cpupools.plugins.plugin_utils.inputs import (
     exports_hidden,
     host_inputs,
     run_plan_module,
 )
-
-
-def groups(result, refresh=False):
-    """``add_group`` and ``parent_groups`` for the module's result; ``refresh``: the exported facts are hidden.
-
-    Besides the stages: ``cpupools_k8s_skipped_<key>`` holds the hosts the k8s
-    stage skips for one reason (``k8s_skip``: the plan play's message reads one
-    host's result per reason), ``cpupools_kubelet_lines`` the hosts with a
-    ``kubelet_line`` (the plan play prints them, reading no other host's
-    variables), ``cpupools_plan_refresh`` those whose exported facts another
-    value would hide (roles/cpupools/tasks/plan_facts.yml).
-    """
-    converged = list(result.get("converged") or [])
-    skipped = bool(result.get("k8s_skip_reason"))
-    key = result.get("k8s_skip") or "unknown"
-    name = "cpupools_converged_set_" + ("_".join(converged) or "none") + (f"_k8s_skipped_{key}" if skipped else "")
-    parents = ["cpupools_planned"] + [f"cpupools_converged_{stage}" for stage in converged]
-    if skipped:
-        parents += ["cpupools_k8s_skipped", f"cpupools_k8s_skipped_{key}"]
-    if result.get("kubelet_line"):
-        name += "_kubelet_line"
-        parents.append("cpupools_kubelet_lines")
-    if refresh:
-        name += "_refresh"
-        parents.append("cpupools_plan_refresh")
-    return {"add_group": name, "parent_groups": parents}
-
 
 #: What only a stage that runs reads (and Ansible's echo of the arguments): left out of a converged host's result.
 STAGE_ONLY = ("files", "inputs", "invocation", "agent_leftovers")
@@ -118,13 +92,18 @@ class ActionModule(ActionBase):
             args["inputs"] = host_inputs(task_vars, self._templar)
         result.update(run_plan_module(self, "cpupools.cpupools.cpupools_converged", args, task_vars, prepare=True))
         if not result.get("failed"):
-            grouping = groups(result, refresh=bool(exports_hidden(task_vars)))
-            if hasattr(ActionBase, "add_group"):
+            batch = task_vars.get("ansible_play_batch") or []
+            first = bool(batch) and batch[0] == task_vars.get("inventory_hostname")
+            grouping = stage_groups.groups(result, refresh=bool(exports_hidden(task_vars)), first=first)
+            # None on a converged host: no call (on 2.21 an RPC, then a reconcile of the whole inventory)
+            if grouping and hasattr(ActionBase, "add_group"):
                 # 2.21+: the strategy ignores the keys; the inventory is changed through the worker's RPC
-                self.add_group(grouping["add_group"], parent_group_names=grouping["parent_groups"])
-            else:
-                result.update(grouping)
+                self.add_group(grouping[0], parent_group_names=grouping[1])
+            elif grouping:
+                result.update(add_group=grouping[0], parent_groups=grouping[1])
         name_topology(result, bool(self._task.check_mode))
-        # a play that runs the stages on every host (reboot.yml, uninstall.yml, a user's own) keeps it whole
+        # a play that runs the stages on every host (reboot.yml, uninstall.yml, a user's own) keeps it whole,
+        # and so does a host an earlier plan play of the same playbook left in a stage's group
         whole = not boolean(args.get("slim", False)) or Display().verbosity > 0 or bool(self._task.diff)
+        whole = whole or bool(stage_groups.listed_without_work(result, task_vars.get("group_names") or []))
         return slim(result, whole, bool(self._task.check_mode))

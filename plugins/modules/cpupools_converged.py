@@ -20,10 +20,12 @@ description:
   - Refuses what the kernel and agent stages would refuse (a foreign GRUB
     drop-in, a command line that is too long, live tasks that a resize cannot
     fit, a corrupt state), with the stages' messages, before any stage runs.
-  - Its action adds the host to the inventory groups the plays select on, as
-    M(ansible.builtin.group_by) would - C(cpupools_planned), C(cpupools_converged_<stage>)
-    for every converged stage, and C(cpupools_k8s_skipped) when RV(k8s_skip_reason) is
-    not empty - through one group named after the combination (C(cpupools_converged_set_...)).
+  - Its action adds a host with work to the inventory groups the plays select on, as
+    M(ansible.builtin.group_by) would - C(cpupools_todo_<stage>) for every stage of RV(todo),
+    C(cpupools_todo_k8s) when RV(k8s_skip) is empty, C(cpupools_k8s_skipped_disabled) when it is
+    C(disabled) - through one group named after the combination (C(cpupools_set_...)); the first
+    host of the play's batch also joins C(cpupools_plan_ran). A converged host without a cluster
+    joins no group. The filter C(cpupools.cpupools.stage_hosts) gives each play its hosts.
   - See docs/performance.md.
 version_added: "0.2.0"
 options:
@@ -143,8 +145,9 @@ k8s_skip_reason:
 k8s_skip:
   description:
     - The key of RV(k8s_skip_reason), C(disabled) or C(unconfigured); empty when the k8s stage runs. The
-      module's action puts the host in C(cpupools_k8s_skipped_<key>) too, a child of
-      C(cpupools_k8s_skipped), so that the plan play's message reads one host's result per reason.
+      module's action puts a host whose key is not C(unconfigured) in C(cpupools_k8s_skipped_<key>), so
+      that the plan play's message reads one host's result per reason (the C(unconfigured) hosts are those
+      in no k8s group, so that the common case, a fleet without a cluster, makes no group).
   returned: success
   type: str
 agent_leftovers:

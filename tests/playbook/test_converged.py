@@ -202,16 +202,30 @@ def test_every_shape_and_transition_agrees_with_the_stages(fleet):
     assert set(applied.values()) == set(names)
     compare_all(fleet, expected)
 
-    # The fast path run repairs exactly those hosts.
+    # The fast path run repairs exactly those hosts, and each stage play runs on them alone: the plan play
+    # groups the hosts with work (plugin_utils/stage_groups.py), the first host here being one without.
     real = fleet.run()
     ran = predicted(real)
     for host in fleet.hosts:
         assert ran[host] == expected[host], (host, applied[host], ran[host])
+    assert expected[next(iter(fleet.hosts))] == set()
+    for stage, hosts in stage_play_hosts(real).items():
+        assert hosts == {host for host in fleet.hosts if stage in expected[host]}, stage
     # Then every host is converged by the stages' own account: every stage, run in check mode on every
     # shape, predicts no change, and the check says so. (This one run stands for the check of the freshly
     # converged fleet and the fast path re-run that were here before: the tags test below shows the
     # fast path skipping both stages on a converged host.)
     compare_all(fleet, {host: set() for host in fleet.hosts})
+
+
+def stage_play_hosts(res) -> dict[str, set[str]]:
+    """Stage -> the hosts its play ran any task on."""
+    out: dict[str, set[str]] = {stage: set() for stage in STAGE_PLAYS.values()}
+    for play in res.data["plays"]:
+        if play["play"]["name"] in STAGE_PLAYS:
+            for task in play["tasks"]:
+                out[STAGE_PLAYS[play["play"]["name"]]].update(task["hosts"])
+    return out
 
 
 def stage_tasks(res) -> dict[str, int]:

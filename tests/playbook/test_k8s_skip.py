@@ -1,8 +1,8 @@
 """The k8s stage's skip decision, made once in the plan play (issue 14).
 
 The plan play's module says why the k8s stage would do nothing on a host (no
-kubeconfig and not in-cluster, or cpupools_k8s_enabled false), puts such hosts
-in the group cpupools_k8s_skipped, which the k8s play leaves out, and sets the
+kubeconfig and not in-cluster, or cpupools_k8s_enabled false), puts the others
+in the group cpupools_todo_k8s, which the k8s play runs on, and sets the
 cpupools_k8s_status the stage would have exported. The role keeps its own
 cpupools_k8s_skip_reason for the playbooks that run it without the plan play
 (uninstall, reboot): the two must never disagree.
@@ -86,7 +86,8 @@ COMPARE = f"""
         msg:
           role: "{{{{ cpupools_k8s_skip_reason }}}}"
           plan: "{{{{ cpupools_plan_result.k8s_skip_reason }}}}"
-          grouped: "{{{{ inventory_hostname in groups['cpupools_k8s_skipped'] | default([]) }}}}"
+          runs: "{{{{ inventory_hostname in groups['cpupools_todo_k8s'] | default([]) }}}}"
+          disabled: "{{{{ inventory_hostname in groups['cpupools_k8s_skipped_disabled'] | default([]) }}}}"
           status: "{{{{ cpupools_k8s_status }}}}"
 """
 
@@ -98,7 +99,9 @@ def test_the_plan_and_the_role_give_the_same_reason(tmp_path):
         got = res.result("Both reasons and the group", host)["msg"]
         assert got["role"] == reason, host
         assert got["plan"] == reason, host
-        assert got["grouped"] is bool(reason), host
+        # the k8s play runs on cpupools_todo_k8s; only the rarer reason has a group of its own
+        assert got["runs"] is not bool(reason), host
+        assert got["disabled"] is (reason == DISABLED), host
         expected = {"enabled": False, "skipped_reason": reason, "advertised": {}, "expected": {}} if reason else None
         assert got["status"] == expected, host
 

@@ -665,6 +665,8 @@ INTERNAL = frozenset(
         "plan_kubelet_hosts",
         "plan_refresh_hosts",
         "plan_k8s_skipped",
+        "plan_k8s_lines",
+        "plan_k8s_grouped",
         "plan_exports",
         "plan_host",
         "kernel_exports",
