@@ -4,8 +4,12 @@
 
 A host with work joins ``cpupools_todo_<stage>`` for every stage that has
 work on it (the k8s stage's where it runs), through one group named after the
-combination; the first host of the batch also marks that the plan ran. The
-stage plays run on those groups (plugin_utils/stage_groups.py). A converged
+combination. In playbooks/plan.yml (``slim``), whose hosts are every node,
+the first host of the batch also marks that the plan ran, and the stage
+plays then run on those groups (plugin_utils/stage_groups.py). A play of
+one's own that plans some of the nodes marks nothing: the stage plays after
+it run on every node, and a node it did not plan fails there for want of a
+plan, as it always did. A converged
 host joins no group and makes no call. No task of its own per host: on
 ansible-core 2.21 and later the action adds the groups to the inventory
 itself (``ActionBase.add_group``, which ``group_by`` uses there); before
@@ -91,9 +95,11 @@ class ActionModule(ActionBase):
         if "inputs" not in args:
             args["inputs"] = host_inputs(task_vars, self._templar)
         result.update(run_plan_module(self, "cpupools.cpupools.cpupools_converged", args, task_vars, prepare=True))
+        # slim: the stage plays after this play take their hosts from its groups (playbooks/plan.yml)
+        planned = boolean(args.get("slim", False))
         if not result.get("failed"):
             batch = task_vars.get("ansible_play_batch") or []
-            first = bool(batch) and batch[0] == task_vars.get("inventory_hostname")
+            first = planned and bool(batch) and batch[0] == task_vars.get("inventory_hostname")
             grouping = stage_groups.groups(result, refresh=bool(exports_hidden(task_vars)), first=first)
             # None on a converged host: no call (on 2.21 an RPC, then a reconcile of the whole inventory)
             if grouping and hasattr(ActionBase, "add_group"):
@@ -104,6 +110,6 @@ class ActionModule(ActionBase):
         name_topology(result, bool(self._task.check_mode))
         # a play that runs the stages on every host (reboot.yml, uninstall.yml, a user's own) keeps it whole,
         # and so does a host an earlier plan play of the same playbook left in a stage's group
-        whole = not boolean(args.get("slim", False)) or Display().verbosity > 0 or bool(self._task.diff)
+        whole = not planned or Display().verbosity > 0 or bool(self._task.diff)
         whole = whole or bool(stage_groups.listed_without_work(result, task_vars.get("group_names") or []))
         return slim(result, whole, bool(self._task.check_mode))

@@ -10,11 +10,13 @@ call to change the inventory: on ansible-core 2.21 each call is an RPC from
 the worker to the main process, which then reconciles the whole inventory for
 every new member (docs/performance.md, "Groups of the hosts with work").
 
-So that "in no group" means "nothing to do" only where a plan was made, the
-plan play marks that it ran: the first host of its batch also joins
-``cpupools_plan_ran``. Without the mark (a stage play run on its own, or
-``--skip-tags plan``) every play runs on every host of ``cpupools_nodes``,
-as a run without the fast path would. A host stays in a group for the rest of
+So that "in no group" means "nothing to do" only where every node was
+planned, the plan play of playbooks/plan.yml (its hosts: every node) marks
+that it ran: the first host of its batch also joins ``cpupools_plan_ran``.
+Without the mark (a stage play run on its own, ``--skip-tags plan``, a play
+of one's own that plans some nodes) every play runs on every host of
+``cpupools_nodes``, as a run without the fast path would, and a node
+without a plan fails there for want of one. A host stays in a group for the rest of
 the run (``listed_without_work``). ``play_hosts`` is the one place that
 turns the groups into a play's host pattern (the filter
 ``cpupools.cpupools.stage_hosts``).

@@ -106,11 +106,26 @@ def test_the_plan_and_the_role_give_the_same_reason(tmp_path):
         assert got["status"] == expected, host
 
 
+#: site.yml, then each host's groups.
+SITE_THEN_GROUPS = f"""
+- name: Site
+  ansible.builtin.import_playbook: {REPO}/site.yml
+
+- name: The groups
+  hosts: cpupools_nodes
+  gather_facts: false
+  tasks:
+    - name: The host's groups
+      ansible.builtin.debug:
+        var: group_names
+"""
+
+
 def test_site_leaves_skipped_hosts_out_of_the_k8s_play(tmp_path):
     cases = {name: CASES[name] for name in ("plain", "disabled")}
     inv = inventory(tmp_path, cases)
     for attempt in ("first", "converged"):
-        res = run_playbook(REPO / "site.yml", tmp_path, None, inventory=inv, env=ansible_env())
+        res = run_playbook(SITE_THEN_GROUPS, tmp_path, None, inventory=inv, env=ansible_env())
         assert res.rc == 0, res.stdout[-3000:]
         # No host pattern names a group that does not exist yet (the converged
         # groups on a first run, cpupools_k8s_skipped where every host has a kubeconfig).
@@ -132,6 +147,13 @@ def test_site_leaves_skipped_hosts_out_of_the_k8s_play(tmp_path):
         for name, (_, reason) in cases.items():
             assert all(line.endswith(f"(skipped: {reason})") for line in blocks[name]), (name, blocks[name])
     assert res.stats["plain"]["changed"] == 0 and res.stats["disabled"]["changed"] == 0
+    # Converged and without a cluster, a host joins no group (on ansible-core 2.21 each is an RPC to the
+    # main process): the first one only marks that the plan ran; the disabled one joins its reason's.
+    groups = {host: res.result("The host's groups", host)["group_names"] for host in cases}
+    assert groups == {
+        "plain": ["cpupools_nodes", "cpupools_plan_ran", "cpupools_set_plan_ran"],
+        "disabled": ["cpupools_k8s_skipped_disabled", "cpupools_nodes", "cpupools_set_k8s_skipped_disabled"],
+    }
 
 
 def test_k8s_tag_alone_still_says_why(tmp_path):

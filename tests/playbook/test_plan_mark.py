@@ -1,0 +1,60 @@
+"""The mark that every node was planned, without which the stage plays run on every node.
+
+The stage plays of site.yml run on the hosts the plan play grouped as having
+work (plugins/plugin_utils/stage_groups.py): a host in no group is left out.
+That holds only after playbooks/plan.yml, which plans every node and marks
+it. A play of one's own that plans some nodes marks nothing, so a stage
+play after it runs on every node and refuses the one without a plan, loudly,
+instead of leaving it out in silence.
+"""
+
+from __future__ import annotations
+
+import yaml
+from helpers import REPO, run_playbook
+
+OWN_PLAN_THEN_KERNEL = f"""
+- name: Plan one node of two, in a play of one's own
+  hosts: planned
+  gather_facts: false
+  tasks:
+    - name: Plan
+      ansible.builtin.import_role:
+        name: cpupools_plan
+
+- name: The kernel stage, as site.yml has it
+  ansible.builtin.import_playbook: {REPO}/playbooks/kernel.yml
+"""
+
+
+def test_a_plan_of_some_nodes_leaves_none_out_of_the_stage_plays(tmp_path):
+    hosts = {
+        name: {
+            "ansible_connection": "local",
+            "ansible_python_interpreter": "{{ ansible_playbook_python }}",
+            "cpupools_facts_root": str(REPO / "inventories" / "local" / "topology"),
+            "cpupools_root": str(tmp_path / "roots" / name),
+        }
+        for name in ("planned", "unplanned")
+    }
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(
+        yaml.safe_dump(
+            {
+                "all": {
+                    "children": {"cpupools_nodes": {"hosts": hosts}},
+                    "vars": {"cpupools_num_exclusive_cores": 2, "cpupools_kernel_args_backend": "grub"},
+                }
+            }
+        )
+    )
+    res = run_playbook(OWN_PLAN_THEN_KERNEL, tmp_path, None, inventory=str(inventory))
+    assert res.rc != 0
+    plays = {play["play"]["name"]: play for play in res.data["plays"]}
+    ran = {host for task in plays["Write the kernel arguments"]["tasks"] for host in task["hosts"]}
+    assert ran == {"planned", "unplanned"}
+    assert res.failed("planned") == 0 and res.changed("planned") > 0
+    refused = [
+        t["hosts"]["unplanned"] for t in plays["Write the kernel arguments"]["tasks"] if "unplanned" in t["hosts"]
+    ]
+    assert refused[-1]["failed"] and "no plan; run the cpupools_plan role first" in refused[-1]["msg"], refused[-1]
