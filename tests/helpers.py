@@ -131,6 +131,18 @@ def run_playbook(
     return PlaybookResult(proc.returncode, proc.stdout, proc.stderr, data)
 
 
+def local_nodes(path: Path, hosts: dict[str, dict], variables: dict | None = None) -> str:
+    """Write an inventory whose ``cpupools_nodes`` are ``hosts`` (name -> its variables, in that order), each
+    run with the local connection and the controller's Python, and ``variables`` for all; its path."""
+    import yaml
+
+    local = {"ansible_connection": "local", "ansible_python_interpreter": "{{ ansible_playbook_python }}"}
+    nodes = {name: {**local, **own} for name, own in hosts.items()}
+    data = {"all": {"children": {"cpupools_nodes": {"hosts": nodes}}, "vars": variables or {}}}
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return str(path)
+
+
 def tree_snapshot(root: Path) -> dict[str, tuple[str, int]]:
     """``relative path -> (sha256 of the content, mtime_ns)`` of every file under root."""
     out = {}

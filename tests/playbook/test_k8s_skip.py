@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-from helpers import REPO, ansible_env, run_playbook
+from helpers import REPO, ansible_env, local_nodes, run_playbook
 
 NO_KUBECONFIG = (
     "no kubeconfig is configured: set cpupools_k8s_kubeconfig (a path on the controller)"
@@ -43,29 +42,20 @@ def inventory(tmp_path: Path, cases: dict) -> str:
     }
     hosts = {
         name: {
-            "ansible_connection": "local",
-            "ansible_python_interpreter": "{{ ansible_playbook_python }}",
             "cpupools_facts_root": str(REPO / "inventories" / "local" / "topology"),
             "cpupools_root": str(tmp_path / "roots" / name),
             **variables,
         }
         for name, (variables, _) in cases.items()
     }
-    data = {
-        "all": {
-            "children": {"cpupools_nodes": {"hosts": hosts}},
-            "vars": {
-                "cpupools_num_exclusive_cores": 2,
-                "cpupools_num_shared_cores": 1,
-                "cpupools_kernel_args_backend": "grub",
-                "cpupools_report_html": str(tmp_path / "report.html"),
-                "cpupools_report_print": False,
-            },
-        }
+    common = {
+        "cpupools_num_exclusive_cores": 2,
+        "cpupools_num_shared_cores": 1,
+        "cpupools_kernel_args_backend": "grub",
+        "cpupools_report_html": str(tmp_path / "report.html"),
+        "cpupools_report_print": False,
     }
-    path = tmp_path / "hosts.yml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))  # the hosts in the order of CASES
-    return str(path)
+    return local_nodes(tmp_path / "hosts.yml", hosts, common)  # the hosts in the order of CASES
 
 
 #: The plan play, then the role's own variable evaluated for every host beside the module's answer.

@@ -10,8 +10,9 @@ instead of leaving it out in silence.
 
 from __future__ import annotations
 
-import yaml
-from helpers import REPO, run_playbook
+from helpers import REPO, local_nodes, run_playbook
+
+NODES = ("planned", "unplanned")
 
 OWN_PLAN_THEN_KERNEL = f"""
 - name: Plan one node of two, in a play of one's own
@@ -28,27 +29,11 @@ OWN_PLAN_THEN_KERNEL = f"""
 
 
 def test_a_plan_of_some_nodes_leaves_none_out_of_the_stage_plays(tmp_path):
-    hosts = {
-        name: {
-            "ansible_connection": "local",
-            "ansible_python_interpreter": "{{ ansible_playbook_python }}",
-            "cpupools_facts_root": str(REPO / "inventories" / "local" / "topology"),
-            "cpupools_root": str(tmp_path / "roots" / name),
-        }
-        for name in ("planned", "unplanned")
-    }
-    inventory = tmp_path / "hosts.yml"
-    inventory.write_text(
-        yaml.safe_dump(
-            {
-                "all": {
-                    "children": {"cpupools_nodes": {"hosts": hosts}},
-                    "vars": {"cpupools_num_exclusive_cores": 2, "cpupools_kernel_args_backend": "grub"},
-                }
-            }
-        )
-    )
-    res = run_playbook(OWN_PLAN_THEN_KERNEL, tmp_path, None, inventory=str(inventory))
+    topology = str(REPO / "inventories" / "local" / "topology")
+    hosts = {name: {"cpupools_facts_root": topology, "cpupools_root": str(tmp_path / "roots" / name)} for name in NODES}
+    common = {"cpupools_num_exclusive_cores": 2, "cpupools_kernel_args_backend": "grub"}
+    inventory = local_nodes(tmp_path / "hosts.yml", hosts, common)
+    res = run_playbook(OWN_PLAN_THEN_KERNEL, tmp_path, None, inventory=inventory)
     assert res.rc != 0
     plays = {play["play"]["name"]: play for play in res.data["plays"]}
     ran = {host for task in plays["Write the kernel arguments"]["tasks"] for host in task["hosts"]}
