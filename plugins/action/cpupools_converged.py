@@ -4,13 +4,13 @@
 
 A host with work joins ``cpupools_todo_<stage>`` for every stage that has
 work on it (the k8s stage's where it runs), through one group named after the
-combination. In playbooks/plan.yml (``slim``), whose hosts are every node,
-the first host of the batch also marks that the plan ran, and the stage
-plays then run on those groups (plugin_utils/stage_groups.py). A play of
-one's own that plans some of the nodes marks nothing: the stage plays after
-it run on every node, and a node it did not plan fails there for want of a
-plan, as it always did. A converged
-host joins no group and makes no call. No task of its own per host: on
+combination; a converged host joins no group and makes no call. In
+playbooks/plan.yml (``slim``), whose hosts are every node, the first host of
+the batch also marks that the plan ran, and the stage plays then run on those
+groups (plugin_utils/stage_groups.py). A play of one's own that plans some of
+the nodes marks nothing: the stage plays after it run on every node, and a
+node it did not plan fails there for want of a plan, as it always did.
+No task of its own per host: on
 ansible-core 2.21 and later the action adds the groups to the inventory
 itself (``ActionBase.add_group``, which ``group_by`` uses there); before
 2.21 the strategy adds them from the result's ``add_group`` and

@@ -9,9 +9,10 @@ description:
   - The plan play puts each host with work in C(cpupools_todo_<stage>) (C(kernel), C(agent), and C(k8s)
     where that stage runs), and the first host of its batch in C(cpupools_plan_ran); a converged host joins
     no group (docs/performance.md, "Groups of the hosts with work").
-  - Returns C(cpupools_nodes) when the plan play has not run in this playbook (a stage play run on its own,
-    C(--skip-tags plan)), C(cpupools_nodes:&cpupools_todo_<stage>) when some host has work for the stage,
-    and otherwise a pattern of known groups that matches no host (the play is skipped, "no hosts matched").
+  - Returns C(cpupools_nodes) when the plan play of C(playbooks/plan.yml), which plans every node, has not
+    run in this playbook (a stage play run on its own, C(--skip-tags plan), a play of one's own that plans
+    some nodes), C(cpupools_nodes:&cpupools_todo_<stage>) when some host has work for the stage, and
+    otherwise a pattern of known groups that matches no host (the play is skipped, "no hosts matched").
   - With the stage C(plan) (the report's own planning play), C(cpupools_nodes) when the plan play has not
     run, and otherwise no host.
 options:

@@ -16,9 +16,9 @@ that it ran: the first host of its batch also joins ``cpupools_plan_ran``.
 Without the mark (a stage play run on its own, ``--skip-tags plan``, a play
 of one's own that plans some nodes) every play runs on every host of
 ``cpupools_nodes``, as a run without the fast path would, and a node
-without a plan fails there for want of one. A host stays in a group for the rest of
-the run (``listed_without_work``). ``play_hosts`` is the one place that
-turns the groups into a play's host pattern (the filter
+without a plan fails there for want of one. A host stays in a group for the
+rest of the run (``listed_without_work``). ``play_hosts`` is the one place
+that turns the groups into a play's host pattern (the filter
 ``cpupools.cpupools.stage_hosts``).
 
 The other groups are of hosts that are few on a converged fleet:
