@@ -117,8 +117,8 @@ def test_site_leaves_skipped_hosts_out_of_the_k8s_play(tmp_path):
     for attempt in ("first", "converged"):
         res = run_playbook(SITE_THEN_GROUPS, tmp_path, None, inventory=inv, env=ansible_env())
         assert res.rc == 0, res.stdout[-3000:]
-        # No host pattern names a group that does not exist yet (the converged
-        # groups on a first run, cpupools_k8s_skipped where every host has a kubeconfig).
+        # No host pattern names a group that does not exist (on the converged run no host has
+        # work: no cpupools_todo_* group at all).
         assert "Could not match supplied host pattern" not in res.stderr, (attempt, res.stderr)
         plays = {play["play"]["name"]: play for play in res.data["plays"]}
         assert plays["Configure the Kubernetes nodes"]["tasks"] == [], attempt
