@@ -14,6 +14,8 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 #: tests/bytecode/sitecustomize.py: the compile cache of the Pythons of every Ansible run of the tests
@@ -134,8 +136,6 @@ def run_playbook(
 def local_nodes(path: Path, hosts: dict[str, dict], variables: dict | None = None) -> str:
     """Write an inventory whose ``cpupools_nodes`` are ``hosts`` (name -> its variables, in that order), each
     run with the local connection and the controller's Python, and ``variables`` for all; its path."""
-    import yaml
-
     local = {"ansible_connection": "local", "ansible_python_interpreter": "{{ ansible_playbook_python }}"}
     nodes = {name: {**local, **own} for name, own in hosts.items()}
     data = {"all": {"children": {"cpupools_nodes": {"hosts": nodes}}, "vars": variables or {}}}

@@ -146,17 +146,21 @@ def changed_tasks(res) -> dict[str, list[str]]:
     return out
 
 
+def stage_results(res):
+    """(stage, host, result) of every task result in the stage plays (handlers included)."""
+    for play in res.data["plays"]:
+        stage = STAGE_PLAYS.get(play["play"]["name"])
+        for task in play["tasks"] if stage else ():
+            for host, result in task["hosts"].items():
+                yield stage, host, result
+
+
 def predicted(res) -> dict[str, set[str]]:
     """host -> the stages with at least one changed task (handlers included)."""
     out: dict[str, set[str]] = defaultdict(set)
-    for play in res.data["plays"]:
-        stage = STAGE_PLAYS.get(play["play"]["name"])
-        if stage is None:
-            continue
-        for task in play["tasks"]:
-            for host, result in task["hosts"].items():
-                if result.get("changed"):
-                    out[host].add(stage)
+    for stage, host, result in stage_results(res):
+        if result.get("changed"):
+            out[host].add(stage)
     return out
 
 
@@ -221,10 +225,8 @@ def test_every_shape_and_transition_agrees_with_the_stages(fleet):
 def stage_play_hosts(res) -> dict[str, set[str]]:
     """Stage -> the hosts its play ran any task on."""
     out: dict[str, set[str]] = {stage: set() for stage in STAGE_PLAYS.values()}
-    for play in res.data["plays"]:
-        if play["play"]["name"] in STAGE_PLAYS:
-            for task in play["tasks"]:
-                out[STAGE_PLAYS[play["play"]["name"]]].update(task["hosts"])
+    for stage, host, _ in stage_results(res):
+        out[stage].add(host)
     return out
 
 

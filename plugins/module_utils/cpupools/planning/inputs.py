@@ -667,6 +667,7 @@ INTERNAL = frozenset(
         "plan_k8s_skipped",
         "plan_k8s_lines",
         "plan_k8s_grouped",
+        "plan_k8s_runs",
         "plan_exports",
         "plan_host",
         "kernel_exports",
