@@ -60,7 +60,5 @@ def test_the_fleet_bench_prints_the_ratios_the_serial_part_and_the_result_sizes_
     assert all(0 < float(w) <= float(m) for w, m in zip([x for pair in waits for x in pair], mains, strict=True)), out
     assert re.search(r"per added host, 2 to 3 hosts, .*ratio [\d.-]+ \(target: .*\); tasks run once", out), out
     # the converged re-run's plan result, per host, beside its target: a number under it
-    size = re.search(
-        r"^ +(\d+)  cpupools_plan : Plan the CPU pools \(\d+ results\) \(target <= 2000 per host\)$", out, re.M
-    )
+    size = re.search(r"^ +(\d+)  Plan the CPU pools \(\d+ results\) \(target <= 2000 per host\)$", out, re.M)
     assert size and int(size.group(1)) <= 2000, out

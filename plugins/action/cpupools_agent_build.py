@@ -11,12 +11,17 @@ compiles (reference counts of interned constants), so only a fresh
 interpreter builds the same bytes as the agent role's build.
 """
 
+import os
 import subprocess
 import sys
 
 from ansible.plugins.action import ActionBase
 from ansible_collections.cpupools.cpupools.plugins.modules.cpupools_agent_build import ARGUMENT_SPEC, argv, outcome
+from ansible_collections.cpupools.cpupools.plugins.plugin_utils import work_dir
 from ansible_collections.cpupools.cpupools.plugins.plugin_utils.inputs import checked_args
+
+#: The default of ``script``: the collection's own.
+SCRIPT = os.path.join(work_dir.COLLECTION_DIR, "scripts", "build_agent.py")
 
 
 def run_script(args):
@@ -33,7 +38,10 @@ class ActionModule(ActionBase):
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
-        params, refusal = checked_args(dict(self._task.args), ARGUMENT_SPEC, "cpupools agent build")
+        args = dict(self._task.args)
+        if args.get("script") is None:
+            args["script"] = SCRIPT
+        params, refusal = checked_args(args, ARGUMENT_SPEC, "cpupools agent build")
         if refusal:
             result.update(failed=True, msg=refusal)
             return result

@@ -93,7 +93,7 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         args = dict(self._task.args)
         if "inputs" not in args:
-            args["inputs"] = host_inputs(task_vars, self._templar)
+            args["inputs"] = host_inputs(task_vars, self._templar, self._loader)
         result.update(run_plan_module(self, "cpupools.cpupools.cpupools_converged", args, task_vars, prepare=True))
         # slim: the stage plays after this play take their hosts from its groups (playbooks/plan.yml)
         planned = boolean(args.get("slim", False))

@@ -17,6 +17,6 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         args = dict(self._task.args)
         if "inputs" not in args and "topology" not in args:
-            args["inputs"] = host_inputs(task_vars, self._templar)
+            args["inputs"] = host_inputs(task_vars, self._templar, self._loader)
         result.update(run_plan_module(self, "cpupools.cpupools.cpupools_plan", args, task_vars))
         return result

@@ -24,9 +24,11 @@ description:
 version_added: "1.0.0"
 options:
   script:
-    description: The path of C(scripts/build_agent.py) on the controller.
+    description:
+      - The path of C(scripts/build_agent.py) on the controller.
+      - Default, the collection's own C(scripts/build_agent.py), which the role C(cpupools_agent) builds with.
+      - Required where the module runs without its action.
     type: path
-    required: true
   output:
     description: The path of the built launcher (C(build/agent/cmk)); the zipapp is C(<output>.pyz). Only read.
     type: path
@@ -56,8 +58,7 @@ author:
 EXAMPLES = r"""
 - name: Build the cmk zipapp in memory to compare with the nodes
   cpupools.cpupools.cpupools_agent_build:
-    script: "{{ role_path }}/../../scripts/build_agent.py"
-    output: "{{ role_path }}/../../build/agent/cmk"
+    output: "{{ cpupools_work_dir | default('auto') | cpupools.cpupools.work_dir }}/build/agent/cmk"
   run_once: true
   register: build
 """
@@ -89,7 +90,7 @@ import sys
 from ansible.module_utils.basic import AnsibleModule
 
 ARGUMENT_SPEC = {
-    "script": {"type": "path", "required": True},
+    "script": {"type": "path"},
     "output": {"type": "path", "required": True},
     "shebang": {"type": "str", "default": "/bin/sh"},
     "pythons": {"type": "list", "elements": "path", "default": []},
@@ -113,6 +114,8 @@ def outcome(rc, out, err):
 def main():
     # Reached only when the module is run directly: a task runs its action, which starts the script itself.
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    if not module.params["script"]:
+        module.fail_json(msg="cpupools agent build: script is required where the module runs without its action")
     result = outcome(*module.run_command([sys.executable, *argv(module.params)]))
     if result.get("failed"):
         module.fail_json(**result)

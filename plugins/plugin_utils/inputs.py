@@ -9,6 +9,7 @@ host than a Jinja lookup of every variable name in the task's arguments.
 
 import os
 
+from ansible.errors import AnsibleUndefinedVariable
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.module_utils.errors import UnsupportedError
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.planning.inputs import EXPORTS, INTERNAL
@@ -30,17 +31,38 @@ EXPORT_DEFAULTS = {
 }
 
 
-def host_inputs(task_vars, templar):
+#: The defaults every role shares (roles/cpupools/defaults/main.yml of this collection).
+SHARED_DEFAULTS = os.path.join(work_dir.COLLECTION_DIR, "roles", "cpupools", "defaults", "main.yml")
+
+
+def host_inputs(task_vars, templar, loader=None):
     """Name -> templated value of every variable of the task whose name starts with ``cpupools_``.
 
     Not the names cpupools sets itself (``INTERNAL``, the exported facts among them): the module ignores
     them, and an exported fact's default reads a plan result this task is about to make.
+
+    playbooks/plan.yml runs the plan role's tasks without the role, so the
+    task has none of the shared defaults, and the module gives each input it
+    is not given its default. A value of the host that reads one of those
+    defaults (``cpupools_facts_root: "{{ cpupools_root }}/x"``, with no
+    ``cpupools_root`` of its own) is then undefined; with ``loader``, such a
+    value is templated again with the shared defaults beneath the task's
+    variables, as in a play that has the role.
     """
-    return {
-        name: templar.template(task_vars[name])
-        for name in sorted(task_vars)
-        if name.startswith(PREFIX) and name[len(PREFIX) :] not in INTERNAL
-    }
+    names = [name for name in sorted(task_vars) if name.startswith(PREFIX) and name[len(PREFIX) :] not in INTERNAL]
+    try:
+        return {name: templar.template(task_vars[name]) for name in names}
+    except AnsibleUndefinedVariable:
+        missing = {} if loader is None else _shared_defaults_missing(loader, task_vars)
+        if not missing:
+            raise
+    layered = templar.copy_with_new_env(available_variables={**missing, **task_vars})
+    return {name: layered.template(task_vars[name]) for name in names}
+
+
+def _shared_defaults_missing(loader, task_vars):
+    defaults = loader.load_from_file(SHARED_DEFAULTS) or {}
+    return {name: value for name, value in defaults.items() if name not in task_vars}
 
 
 def exports_hidden(task_vars):

@@ -129,9 +129,9 @@ def verdicts(res) -> dict[str, dict[str, list[str]]]:
     """host -> stage -> reasons, from the cpupools_converged task of the plan play."""
     out = {}
     for task in res.tasks():
-        if task["task"]["name"].endswith(" : Plan the CPU pools"):
+        if task["task"]["name"] == "Plan the CPU pools":  # playbooks/plan.yml runs the role's tasks, not the role
             for host, result in task["hosts"].items():
-                if not result.get("skipped"):  # the report play's plan role is skipped after the plan play
+                if not result.get("skipped"):  # a skipped result has no verdict
                     out[host] = result["stages"]
     return out
 

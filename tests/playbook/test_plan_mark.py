@@ -43,3 +43,36 @@ def test_a_plan_of_some_nodes_leaves_none_out_of_the_stage_plays(tmp_path):
         t["hosts"]["unplanned"] for t in plays["Write the kernel arguments"]["tasks"] if "unplanned" in t["hosts"]
     ]
     assert refused[-1]["failed"] and "no plan; run the cpupools_plan role first" in refused[-1]["msg"], refused[-1]
+
+
+def test_a_value_reading_a_shared_default_means_what_it_meant_in_the_role(tmp_path):
+    """playbooks/plan.yml runs the plan role's tasks without the role, so without the shared defaults
+    (roles/cpupools). A host's value that reads one of them, which the host does not set, is templated with
+    them beneath, as in a play with the role, and not refused as undefined."""
+    topology = str(REPO / "inventories" / "local" / "topology")
+    root = tmp_path / "roots" / "planned"
+    reading = {
+        "cpupools_facts_root": topology,
+        "cpupools_root": str(root),
+        "cpupools_kernel_args_backend": "grub",
+        "cpupools_num_shared_cores": "{{ cpupools_num_exclusive_cores // 2 }}",  # the default, 4, halved
+    }
+    inventory = local_nodes(tmp_path / "hosts.yml", {"planned": reading})
+    role_play = f"""
+    - name: The role, in a play of one's own
+      hosts: planned
+      gather_facts: false
+      roles: [cpupools_plan]
+    - name: The playbook
+      ansible.builtin.import_playbook: {REPO}/playbooks/plan.yml
+    """
+    res = run_playbook(role_play, tmp_path, None, inventory=inventory)
+    assert res.rc == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    plans = [
+        task["hosts"]["planned"]
+        for task in res.tasks()
+        if task["task"]["name"].endswith("Plan the CPU pools") and "planned" in task["hosts"]
+    ]
+    assert len(plans) == 2
+    assert [plan["inputs"]["num_shared_cores"] for plan in plans] == [2, 2]
+    assert plans[0]["plan"]["counts"] == plans[1]["plan"]["counts"]
