@@ -286,13 +286,15 @@ def test_tags_and_the_safety_valve_on_the_default_inventory(playbook, tmp_path):
     assert not (fresh / "build" / "agent").exists()
     # cpupools_agent_bytecode_pythons, as -e text: the build carries the bytecode of that Python's version (when
     # it is another than the controller's), the agent stage installs it once, and the re-run is converged.
+    # Its own work directory: that build is not the checkout's, which test_bad_input holds unchanged meanwhile.
     node_python = "/usr/bin/python3"
     other = cache_tag(node_python)
-    carried = site("-e", f"cpupools_agent_bytecode_pythons={node_python}")
+    own = {"cpupools_work_dir": str(tmp_path / "bytecode-work-dir")}
+    carried = site("-e", f"cpupools_agent_bytecode_pythons={node_python}", **own)
     reasons = carried.result("Plan the CPU pools")["stages"]["agent"]
     assert ("cmk: /opt/bin/cmk.pyz differs from the build" in reasons) is (other != sys.implementation.cache_tag)
     with zipfile.ZipFile(pyz) as zf:
         members = set(zf.namelist())
     assert f"cpupools-bytecode/{other}" in members and f"cpupools-bytecode/{sys.implementation.cache_tag}" in members
-    again = site("-e", f"cpupools_agent_bytecode_pythons={node_python}")
+    again = site("-e", f"cpupools_agent_bytecode_pythons={node_python}", **own)
     assert stage_tasks(again) == {"kernel": 0, "agent": 0} and again.changed() == 0
