@@ -172,6 +172,23 @@ def test_tags_plan_only(playbook, tmp_path):
     assert not any("Render the fleet report" in n for n in names)
 
 
+def test_tags_report_only_and_skip_report(playbook, tmp_path):
+    """The report play includes its role once, in a task tagged report: --tags report renders the report
+    (the plan is tagged always), --skip-tags report leaves it out, and no stage runs."""
+    res = site(playbook, tmp_path, "--tags", "report")
+    assert res.rc == 0, res.stdout[-3000:]
+    names = [t["task"]["name"] for t in res.tasks()]
+    assert "cpupools_report : Render the fleet report" in names and "cpupools_report : Print the fleet report" in names
+    assert any(n.endswith("Plan the CPU pools") for n in names)  # tagged always
+    assert not (tmp_path / "sandbox" / "etc").exists()  # no stage ran
+    assert (tmp_path / "report.html").is_file()
+    (tmp_path / "report.html").unlink()
+    skipped = site(playbook, tmp_path, "--skip-tags", "report")
+    assert skipped.rc == 0, skipped.stdout[-3000:]
+    assert not any("fleet report" in t["task"]["name"] for t in skipped.tasks())
+    assert not (tmp_path / "report.html").exists()
+
+
 def test_an_operator_sees_progress_without_skipped_tasks_and_the_time_of_each_stage(tmp_path):
     """The checkout's own output (ansible.cfg: default callback, skipped hosts hidden, cpupools.cpupools.stages)."""
     env = ansible_env(ANSIBLE_STDOUT_CALLBACK="default")
