@@ -44,10 +44,10 @@ def host_inputs(task_vars, templar, loader=None):
     playbooks/plan.yml runs the plan role's tasks without the role, so the
     task has none of the shared defaults, and the module gives each input it
     is not given its default. A value of the host that reads one of those
-    defaults (``cpupools_facts_root: "{{ cpupools_root }}/x"``, with no
-    ``cpupools_root`` of its own) is then undefined; with ``loader``, such a
-    value is templated again with the shared defaults beneath the task's
-    variables, as in a play that has the role.
+    defaults (``cpupools_num_shared_cores: "{{ cpupools_num_exclusive_cores // 2 }}"``,
+    with no ``cpupools_num_exclusive_cores`` of its own) is then undefined;
+    with ``loader``, the values are templated again with the shared defaults
+    beneath the task's variables, as in a play that has the role.
     """
     names = [name for name in sorted(task_vars) if name.startswith(PREFIX) and name[len(PREFIX) :] not in INTERNAL]
     try:
