@@ -183,6 +183,7 @@ def run(
     whole run (controller and the local "nodes" together) are in ``data["cpu"]``, the main process's in
     ``data["main"]``. ``bin_dir``: whose ansible-playbook runs."""
     env = dict(os.environ)
+    workers_file = Path(tempfile.mkdtemp(prefix="cpupools-bench-")) / "workers"
     env.update(
         {
             "ANSIBLE_CONFIG": str(repo / "ansible.cfg"),
@@ -190,6 +191,7 @@ def run(
             "ANSIBLE_STDOUT_CALLBACK": "bench_json",
             "ANSIBLE_FORKS": str(forks),
             "CPUPOOLS_BENCH_SIZES": "1" if sizes else "0",
+            "CPUPOOLS_BENCH_WORKERS": str(workers_file),
             **EXTRA_ENV,
         }
     )
@@ -210,7 +212,18 @@ def run(
     data["cpu"] = children_cpu() - cpu
     data["main"] = data["main_cpu"]["user"] + data["main_cpu"]["system"]
     data["work"] = data["main"] - data.get("main_wait", 0.0)
+    data["workers"] = worker_seconds(workers_file)
     return wall, data
+
+
+def worker_seconds(path: Path) -> float:
+    """The CPU seconds of every worker of the run, from the bench callback's file (``_measure_workers``); removed."""
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        lines = []  # no worker ended (a run of no task)
+    shutil.rmtree(path.parent, ignore_errors=True)
+    return sum(float(line.rpartition("\t")[2]) for line in lines)
 
 
 def measures(wall: float, data: dict, hosts: int) -> dict:
@@ -223,6 +236,7 @@ def measures(wall: float, data: dict, hosts: int) -> dict:
         "cpu": data["cpu"] / hosts,
         "main": data["main"] / hosts,
         "work": data["work"] / hosts,
+        "controller": (data["main"] + data["workers"]) / hosts,
         "main_total": data["main"],
         "changed": data["changed"],
         "changed_tasks": data["changed_tasks"],
@@ -327,6 +341,12 @@ def report_fleet(hosts: int, rows: list[dict]) -> None:
         f"  main process without its wait for a free worker (ansible-core's 0.1 ms polling loop while every fork"
         f" is busy): re-run {median(rows, 'rerun', 'work'):.3f}, ping {median(rows, 'ping', 'work'):.3f} CPU s/host;"
         f" re-run / ping {fmt(work)}"
+    )
+    controller = [r["rerun"]["controller"] / r["ping"]["controller"] for r in rows]
+    print(
+        f"  the controller's CPU (the main process and the workers, not the modules, which a real fleet's nodes run):"
+        f" re-run {median(rows, 'rerun', 'controller'):.3f}, ping {median(rows, 'ping', 'controller'):.3f}"
+        f" CPU s/host; re-run / ping {fmt(controller)}"
     )
 
 

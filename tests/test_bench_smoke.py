@@ -58,6 +58,10 @@ def test_the_fleet_bench_prints_the_ratios_the_serial_part_and_the_result_sizes_
     mains = re.findall(r"^  (?:rerun|ping ): .*CPU s/host [\d.]+ all, ([\d.]+) main process", out, re.M)
     assert len(waits) == 2 and len(mains) == 4, out
     assert all(0 < float(w) <= float(m) for w, m in zip([x for pair in waits for x in pair], mains, strict=True)), out
+    # the controller's CPU: the main process and the task's workers, so more than the main process alone
+    controllers = re.findall(r"the controller's CPU .*: re-run ([\d.]+), ping ([\d.]+) CPU s/host", out)
+    assert len(controllers) == 2, out
+    assert all(float(c) > float(m) for c, m in zip([x for pair in controllers for x in pair], mains, strict=True)), out
     assert re.search(r"per added host, 2 to 3 hosts, .*ratio [\d.-]+ \(target: .*\); tasks run once", out), out
     # the converged re-run's plan result, per host, beside its target: a number under it
     size = re.search(r"^ +(\d+)  Plan the CPU pools \(\d+ results\) \(target <= 2000 per host\)$", out, re.M)

@@ -31,6 +31,7 @@ import sys
 import time
 
 import ansible.plugins.strategy as strategy_base
+from ansible.executor.process.worker import WorkerProcess
 from ansible.plugins.callback import CallbackBase
 
 DOCUMENTATION = r"""
@@ -100,6 +101,37 @@ def _measure_waits() -> _WaitClock:
     return clock
 
 
+def _measure_workers() -> None:
+    """With ``CPUPOOLS_BENCH_WORKERS`` (a file), each worker forked after this appends its own CPU seconds.
+
+    One line per worker, ``<task name>\t<user + system>``, written as it ends:
+    the task's worker alone (the action, the templating, the module's payload
+    built and its result read), not the module's process, which a real fleet's
+    node runs. The workers' CPU and the main process's are what the controller
+    pays per host. bench/fleet_bench.py reads the file once ansible-playbook
+    has exited (every worker has then ended).
+    """
+    path = os.environ.get("CPUPOOLS_BENCH_WORKERS")
+    if not path or getattr(WorkerProcess.run, "bench_measured", False):
+        return
+    run = WorkerProcess.run
+
+    def measured(self):
+        try:
+            return run(self)
+        finally:
+            times = os.times()
+            line = f"{self._task.get_name()}\t{times.user + times.system:.4f}\n".encode()
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                os.write(fd, line)  # one write of a short line to a file opened to append: lines never mix
+            finally:
+                os.close(fd)
+
+    measured.bench_measured = True
+    WorkerProcess.run = measured
+
+
 class CallbackModule(CallbackBase):
     CALLBACK_VERSION = 2.0
     CALLBACK_TYPE = "stdout"
@@ -116,6 +148,7 @@ class CallbackModule(CallbackBase):
         self._current = None
         self._sizes = {} if os.environ.get("CPUPOOLS_BENCH_SIZES") == "1" else None
         self._waits = _measure_waits()
+        _measure_workers()
 
     def _count(self, result, failed=False):
         self._tasks += 1

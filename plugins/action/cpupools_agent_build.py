@@ -17,8 +17,11 @@ import sys
 
 from ansible.plugins.action import ActionBase
 from ansible_collections.cpupools.cpupools.plugins.modules.cpupools_agent_build import ARGUMENT_SPEC, argv, outcome
-from ansible_collections.cpupools.cpupools.plugins.plugin_utils import work_dir
+from ansible_collections.cpupools.cpupools.plugins.plugin_utils import jinja_plugins, work_dir
 from ansible_collections.cpupools.cpupools.plugins.plugin_utils.inputs import checked_args
+
+# the strategy imports this action in the main process, before it forks the task's workers
+jinja_plugins.load()
 
 #: The default of ``script``: the collection's own.
 SCRIPT = os.path.join(work_dir.COLLECTION_DIR, "scripts", "build_agent.py")

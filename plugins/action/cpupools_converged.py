@@ -46,12 +46,20 @@ inventory does), the default would be hidden: the host joins
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
-from ansible_collections.cpupools.cpupools.plugins.plugin_utils import digest_store, stage_groups
+from ansible_collections.cpupools.cpupools.plugins.plugin_utils import digest_store, jinja_plugins, stage_groups
 from ansible_collections.cpupools.cpupools.plugins.plugin_utils.inputs import (
     exports_hidden,
     host_inputs,
     run_plan_module,
 )
+
+# the strategy imports this action in the main process, before it forks the task's workers
+jinja_plugins.load()
+
+#: The result the plan tasks register for the controller's build of cmk (its stdout is ``build``).
+BUILD_RESULT = "cpupools_plan_agent_build"
+#: Set by playbooks/plan.yml, whose stage plays leave the converged hosts out (``slim``).
+SLIM = "__cpupools_plan_slim"
 
 #: What only a stage that runs reads (and Ansible's echo of the arguments): left out of a converged host's result.
 STAGE_ONLY = ("files", "inputs", "invocation", "agent_leftovers")
@@ -88,12 +96,34 @@ def slim(result, verbose, check_mode=False):
     return result
 
 
+def implicit_args(task_vars, templar):
+    """The arguments a task may leave out, from the host's variables (the module's documentation).
+
+    roles/cpupools_plan/tasks/plan.yml gives none of them: a task's arguments
+    are templated in its worker, and Jinja compiles each template anew in
+    every worker, filters and all (docs/performance.md, "Filters loaded
+    once"); reading the variables here costs a dictionary lookup each. The
+    module gives ``compare`` its default, the host's ``cpupools_plan_check_stages``,
+    from the checked ``inputs``.
+    """
+    build = task_vars.get(BUILD_RESULT) or {}
+    implicit = {
+        "host": task_vars.get("inventory_hostname"),
+        "build_rc": build.get("rc", 0),
+        "slim": boolean(templar.template(task_vars.get(SLIM, False)), strict=False),
+    }
+    if build.get("stdout") is not None:
+        implicit["build"] = build["stdout"]
+    return implicit
+
+
 class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         args = dict(self._task.args)
         if "inputs" not in args:
             args["inputs"] = host_inputs(task_vars, self._templar, self._loader)
+        args = {**implicit_args(task_vars, self._templar), **args}
         result.update(run_plan_module(self, "cpupools.cpupools.cpupools_converged", args, task_vars, prepare=True))
         # slim: the stage plays after this play take their hosts from its groups (playbooks/plan.yml)
         planned = boolean(args.get("slim", False))

@@ -14,6 +14,10 @@ housekeeper) is read and encoded once.
 import base64
 
 from ansible.plugins.action import ActionBase
+from ansible_collections.cpupools.cpupools.plugins.plugin_utils import jinja_plugins
+
+# the strategy imports this action in the main process, before it forks the task's workers
+jinja_plugins.load()
 
 
 def with_contents(files):

@@ -21,7 +21,11 @@ from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.plannin
     inventory_refusal,
 )
 from ansible_collections.cpupools.cpupools.plugins.modules.cpupools_inventory import ARGUMENT_SPEC
+from ansible_collections.cpupools.cpupools.plugins.plugin_utils import jinja_plugins
 from ansible_collections.cpupools.cpupools.plugins.plugin_utils.inputs import PREFIX, checked_args, controller_refusal
+
+# the strategy imports this action in the main process, before it forks the task's workers
+jinja_plugins.load()
 
 
 def host_values(hostvars, host, deferred):

@@ -9,7 +9,11 @@ either runs the module with its arguments as they are.
 """
 
 from ansible.plugins.action import ActionBase
+from ansible_collections.cpupools.cpupools.plugins.plugin_utils import jinja_plugins
 from ansible_collections.cpupools.cpupools.plugins.plugin_utils.inputs import host_inputs, run_plan_module
+
+# the strategy imports this action in the main process, before it forks the task's workers
+jinja_plugins.load()
 
 
 class ActionModule(ActionBase):

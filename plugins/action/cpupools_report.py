@@ -22,8 +22,11 @@ from collections.abc import Mapping
 from ansible.plugins.action import ActionBase
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.core.errors import CpupoolsError
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.report.report import ARGUMENT_SPEC, report
-from ansible_collections.cpupools.cpupools.plugins.plugin_utils import digest_store
+from ansible_collections.cpupools.cpupools.plugins.plugin_utils import digest_store, jinja_plugins
 from ansible_collections.cpupools.cpupools.plugins.plugin_utils.inputs import EXPORT_DEFAULTS, checked_args
+
+# the strategy imports this action in the main process, before it forks the task's workers
+jinja_plugins.load()
 
 #: Report input key -> the host variable it is read from (docs/report.md, input schema).
 PARTS = (

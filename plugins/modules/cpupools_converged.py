@@ -38,22 +38,28 @@ options:
     type: dict
     required: true
   host:
-    description: Name of the host, used in messages.
+    description:
+      - Name of the host, used in messages.
+      - Its action gives it the host's C(inventory_hostname) when the task leaves it out.
     type: str
   compare:
     description:
       - Compare the node with the stages' artefacts. C(false) only plans (as
         for a report without the stages).
+      - Left out, the host's C(cpupools_plan_check_stages) (O(inputs); true unless set).
     type: bool
-    default: true
   build:
     description:
       - The output of C(scripts/build_agent.py --check) on the controller (one
         C(<sha256>  <path>  <verdict>) line per file). Without it, or when the
         build failed (O(build_rc)), the agent stage is not converged.
+      - Left out, its action reads it from the host's variable C(cpupools_plan_agent_build),
+        the result the plan tasks register for that build (C(stdout)), when there is one.
     type: str
   build_rc:
-    description: Exit status of that build; not 0 means no build to compare with.
+    description:
+      - Exit status of that build; not 0 means no build to compare with.
+      - Left out, its action reads C(rc) of C(cpupools_plan_agent_build), when there is one.
     type: int
     default: 0
   slim:
@@ -63,7 +69,8 @@ options:
         and C(invocation), which only a stage that runs reads (docs/performance.md, "The converged
         result"). C(-v) and C(--diff) keep the whole result.
       - Only for a play whose stage plays leave the converged hosts out, as site.yml's do
-        (C(playbooks/plan.yml) sets it); a playbook that runs a stage on every host (C(reboot.yml),
+        (C(playbooks/plan.yml) sets the variable C(__cpupools_plan_slim), which its action reads when the
+        task leaves O(slim) out; false without it); a playbook that runs a stage on every host (C(reboot.yml),
         C(uninstall.yml), a playbook of your own that applies the roles in turn) needs the whole result.
     type: bool
     default: false
@@ -79,10 +86,14 @@ author:
 """
 
 EXAMPLES = r"""
+# Every argument from the host's variables (roles/cpupools_plan/tasks/plan.yml)
 - name: Plan the CPU pools and check the node
+  cpupools.cpupools.cpupools_converged: {}
+  register: cpupools_plan_result
+
+- name: Only plan, whatever cpupools_plan_check_stages says
   cpupools.cpupools.cpupools_converged:
-    host: "{{ inventory_hostname }}"
-    build: "{{ cpupools_plan_agent_build.stdout }}"
+    compare: false
   register: cpupools_plan_result
 """
 
@@ -214,7 +225,7 @@ from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.plannin
 ARGUMENT_SPEC = {
     "inputs": {"type": "dict", "required": True},
     "host": {"type": "str"},
-    "compare": {"type": "bool", "default": True},
+    "compare": {"type": "bool"},  # None: the host's cpupools_plan_check_stages
     "build": {"type": "str"},
     "build_rc": {"type": "int", "default": 0},
     "slim": {"type": "bool", "default": False},
@@ -252,8 +263,9 @@ def main():
         plan = host_plan.plan_host(topology, facts, values, planner.make_request(checked.request()), module.run_command)
         result.update(plan=plan, inputs=values, exports=dict.fromkeys(inputs.EXPORTS))
         result["cmk_v15"] = stage_check.cmk_v15_configmap(values, host or "")
+        compare = values["plan_check_stages"] if params["compare"] is None else params["compare"]
         stages = {}
-        if params["compare"] and values["state"] == "present":
+        if compare and values["state"] == "present":
             group = values["task_group"]
             node = stage_check.check_node(
                 values,
@@ -278,7 +290,7 @@ def main():
                 module.warn(say(warning))
     except errors.CpupoolsError as exc:
         module.fail_json(msg=exc.describe(host))
-    enabled = params["compare"] and values["converged_check"]
+    enabled = compare and values["converged_check"]
     pending = stage_check.todo(stages, enabled, values["state"])
     result.update(todo=pending, converged=[name for name in stage_check.STAGES if name not in pending])
     skip = stage_check.k8s_skip_reason(values)

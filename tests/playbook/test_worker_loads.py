@@ -1,0 +1,59 @@
+"""A host's worker does not load what ansible-playbook's main process can load once for all.
+
+ansible-playbook forks a worker per task and host. ansible-core loads its
+own Jinja filters and tests the first time a process templates one, and
+loading them runs ``ldconfig -p`` twice (``ansible.utils.encrypt`` asks
+``ctypes.util.find_library`` for libcrypt). The main process loads them when
+it imports one of the collection's actions, before it forks that task's
+workers (plugins/plugin_utils/jinja_plugins.py), and the plan task has no
+templated argument (its action reads the host's variables). So a run of the
+plan play execs ``ldconfig`` as often for four hosts as for one, though
+every host's values use a filter; before, each host's plan worker did it
+twice (docs/performance.md, "Filters loaded once").
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+
+from helpers import REPO, VENV_BIN, ansible_env, local_nodes
+
+LDCONFIG = re.compile(r'^\d+\s+execve\("[^"]*/ldconfig"', re.M)
+
+
+def ldconfig_execs(tmp_path, names):
+    topology = str(REPO / "inventories" / "local" / "topology")
+    hosts = {
+        name: {
+            "cpupools_facts_root": topology,
+            "cpupools_root": str(tmp_path / "roots" / name),
+            "cpupools_kernel_args_backend": "{{ 'GRUB' | lower }}",  # a filter in every host's values
+        }
+        for name in names
+    }
+    inventory = local_nodes(tmp_path / f"hosts-{len(names)}.yml", hosts)
+    trace = tmp_path / f"execve-{len(names)}"
+    playbook = [str(VENV_BIN / "ansible-playbook"), str(REPO / "playbooks" / "plan.yml"), "-i", inventory, "--check"]
+    proc = subprocess.run(
+        ["strace", "-f", "-qq", "-e", "trace=execve", "-o", str(trace), *playbook],
+        cwd=REPO,
+        env=ansible_env(),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    plays = json.loads(proc.stdout[proc.stdout.index("{") :])["plays"]
+    planned = [t["hosts"] for play in plays for t in play["tasks"] if t["task"]["name"] == "Plan the CPU pools"]
+    assert planned and sorted(planned[0]) == sorted(names)
+    assert all(r["inputs"]["kernel_args_backend"] == "grub" for r in planned[0].values())
+    return len(LDCONFIG.findall(trace.read_text()))
+
+
+def test_the_hosts_workers_do_not_load_the_filters_again(tmp_path):
+    one = ldconfig_execs(tmp_path, ["node0"])
+    four = ldconfig_execs(tmp_path, ["node0", "node1", "node2", "node3"])
+    assert one >= 1, "no ldconfig at all: the trace no longer sees what it counts"  # the main process's own
+    assert four == one, f"{four} ldconfig runs for four hosts, {one} for one: a worker per host loads them"
