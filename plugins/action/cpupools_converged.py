@@ -43,6 +43,8 @@ inventory does), the default would be hidden: the host joins
 (roles/cpupools/tasks/plan_facts.yml), as it did for every host.
 """
 
+from collections.abc import Mapping
+
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
@@ -106,7 +108,8 @@ def implicit_args(task_vars, templar):
     module gives ``compare`` its default, the host's ``cpupools_plan_check_stages``,
     from the checked ``inputs``.
     """
-    build = task_vars.get(BUILD_RESULT) or {}
+    build = task_vars.get(BUILD_RESULT)
+    build = build if isinstance(build, Mapping) else {}  # a value of the same name that is no task result: none
     implicit = {
         "host": task_vars.get("inventory_hostname"),
         "build_rc": build.get("rc", 0),
