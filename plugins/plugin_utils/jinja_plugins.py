@@ -8,10 +8,10 @@ run in workers forked from the main process, which templates little itself
 (a ``when:`` or a task's arguments are templated in the worker). So each
 worker of a task whose arguments, conditions or host values use a filter
 loaded them again: the filter files imported, and ``ansible.utils.encrypt``
-running ``ldconfig -p`` twice through ``ctypes.util.find_library``, about
-20 ms of CPU per task and host on the development machine, more than
-``ansible.builtin.ping``'s own worker (docs/performance.md, "Filters loaded
-once").
+looking libcrypt up with ``ctypes.util.find_library``, which runs
+``ldconfig -p``. About 20 ms of CPU per task and host on the development
+machine, about what ``ansible.builtin.ping``'s whole worker takes
+(docs/performance.md, "Filters loaded once").
 
 The strategy imports a task's action in the main process before it forks
 the task's workers, so each action of this collection calls ``load`` when it

@@ -2,14 +2,14 @@
 
 ansible-playbook forks a worker per task and host. ansible-core loads its
 own Jinja filters and tests the first time a process templates one, and
-loading them runs ``ldconfig -p`` twice (``ansible.utils.encrypt`` asks
+loading them runs ``ldconfig -p`` (``ansible.utils.encrypt`` asks
 ``ctypes.util.find_library`` for libcrypt). The main process loads them when
 it imports one of the collection's actions, before it forks that task's
 workers (plugins/plugin_utils/jinja_plugins.py), and the plan task has no
 templated argument (its action reads the host's variables). So a run of the
 plan play execs ``ldconfig`` as often for four hosts as for one, though
-every host's values use a filter; before, each host's plan worker did it
-twice (docs/performance.md, "Filters loaded once").
+every host's values use a filter; without the main process's load, each
+host's plan worker runs it again (docs/performance.md, "Filters loaded once").
 """
 
 from __future__ import annotations
