@@ -16,7 +16,10 @@ controller, not set_fact / assert / debug / group_by / meta), the CPU seconds
 of the whole run (controller and local "nodes") and of ansible-playbook's
 main process alone, whose work per host is serial (the strategy, the results,
 the callbacks, the forking of workers: bench/callback/bench_json.py reads it
-in that process at the end of the run), and their ratios to ping's. Between
+in that process at the end of the run), the controller's CPU (that process
+and every task's worker, not the modules the workers run: a real fleet's
+nodes run those; each worker writes its own time as it ends), and their
+ratios to ping's. Between
 two fleet sizes it prints the main process's CPU per added host (the slope),
 which is what a larger fleet adds.
 
