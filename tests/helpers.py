@@ -105,17 +105,19 @@ def run_playbook(
     *args: str,
     inventory: str | None = None,
     env: dict[str, str] | None = None,
+    wrapper: list[str] | None = None,
 ) -> PlaybookResult:
     """Run real ``ansible-playbook``; ``playbook`` is a path or YAML text.
 
     Returns the parsed JSON callback output. The default inventory is
-    ``localhost`` with the local connection.
+    ``localhost`` with the local connection. ``wrapper`` runs it under
+    another program (``["strace", "-f", ...]``).
     """
     if isinstance(playbook, str) and "\n" in playbook:
         path = tmp_path / "playbook.yml"
         path.write_text(textwrap.dedent(playbook))
         playbook = path
-    cmd = [str(VENV_BIN / "ansible-playbook"), str(playbook)]
+    cmd = [*(wrapper or []), str(VENV_BIN / "ansible-playbook"), str(playbook)]
     if inventory is None:
         cmd += ["-i", "localhost,", "-c", "local"]
     else:

@@ -129,7 +129,7 @@ class ActionModule(ActionBase):
         args = {**implicit_args(task_vars, self._templar), **args}
         result.update(run_plan_module(self, "cpupools.cpupools.cpupools_converged", args, task_vars, prepare=True))
         # slim: the stage plays after this play take their hosts from its groups (playbooks/plan.yml)
-        planned = boolean(args.get("slim", False))
+        planned = boolean(args["slim"])
         if not result.get("failed"):
             batch = task_vars.get("ansible_play_batch") or []
             first = planned and bool(batch) and batch[0] == task_vars.get("inventory_hostname")

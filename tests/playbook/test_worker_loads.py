@@ -14,11 +14,9 @@ host's plan worker runs it again (docs/performance.md, "Filters loaded once").
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
 
-from helpers import REPO, VENV_BIN, ansible_env, local_nodes
+from helpers import REPO, local_nodes, run_playbook
 
 LDCONFIG = re.compile(r'^\d+\s+execve\("[^"]*/ldconfig"', re.M)
 
@@ -35,18 +33,10 @@ def ldconfig_execs(tmp_path, names):
     }
     inventory = local_nodes(tmp_path / f"hosts-{len(names)}.yml", hosts)
     trace = tmp_path / f"execve-{len(names)}"
-    playbook = [str(VENV_BIN / "ansible-playbook"), str(REPO / "playbooks" / "plan.yml"), "-i", inventory, "--check"]
-    proc = subprocess.run(
-        ["strace", "-f", "-qq", "-e", "trace=execve", "-o", str(trace), *playbook],
-        cwd=REPO,
-        env=ansible_env(),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    plays = json.loads(proc.stdout[proc.stdout.index("{") :])["plays"]
-    planned = [t["hosts"] for play in plays for t in play["tasks"] if t["task"]["name"] == "Plan the CPU pools"]
+    strace = ["strace", "-f", "-qq", "-e", "trace=execve", "-o", str(trace)]
+    res = run_playbook(REPO / "playbooks" / "plan.yml", tmp_path, None, "--check", inventory=inventory, wrapper=strace)
+    assert res.rc == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    planned = [task["hosts"] for task in res.tasks() if task["task"]["name"] == "Plan the CPU pools"]
     assert planned and sorted(planned[0]) == sorted(names)
     assert all(r["inputs"]["kernel_args_backend"] == "grub" for r in planned[0].values())
     return len(LDCONFIG.findall(trace.read_text()))
