@@ -33,7 +33,11 @@ through ``digest_store.planned``); and no ``files``, ``inputs`` and
 ``invocation``, which only a stage that runs reads. A run with ``-v`` or
 ``--diff`` gets the whole result, and so does a host whose topology could
 not be stored (check mode writes nothing on the controller: it names only
-what an earlier run stored).
+what an earlier run stored). Where it will slim, it first tells the module
+which of the host's digests the controller holds (``stored``: what the
+host's last slim result named, ``digest_store.named``), and the module
+leaves out what they name when its own digests are the same: the topology,
+plan and exports do not travel from the node to be stored again.
 
 The later plays read the plan and the exports through those defaults, so
 the plan play sets no fact per host. Where one of those names has another
@@ -48,7 +52,12 @@ from collections.abc import Mapping
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
-from ansible_collections.cpupools.cpupools.plugins.plugin_utils import digest_store, jinja_plugins, stage_groups
+from ansible_collections.cpupools.cpupools.plugins.plugin_utils import (
+    digest_store,
+    jinja_plugins,
+    stage_groups,
+    work_dir,
+)
 from ansible_collections.cpupools.cpupools.plugins.plugin_utils.inputs import (
     exports_hidden,
     host_inputs,
@@ -68,7 +77,8 @@ STAGE_ONLY = ("files", "inputs", "invocation", "agent_leftovers")
 
 
 def name_topology(result, check_mode):
-    """Store the host's topology by digest and name it in the result (``topology_digest``), where it can."""
+    """Store the host's topology by digest and name it in the result (``topology_digest``), where it can
+    (where the module named it, it is stored already)."""
     facts = (result.get("ansible_facts") or {}).get("cpupools")
     if result.get("failed") or facts is None or not result.get("work_dir"):
         return
@@ -90,6 +100,8 @@ def slim(result, verbose, check_mode=False):
     result.pop("ansible_facts", None)
     for key in STAGE_ONLY:
         result.pop(key, None)
+    if "plan_digest" in result:  # the module named them (its ``stored``)
+        return result
     text, digest = digest_store.encode({"plan": result.get("plan"), "exports": result.get("exports")})
     if digest_store.store(result["work_dir"], text, digest, write=not check_mode, kind="plan"):
         result.pop("plan", None)
@@ -120,6 +132,15 @@ def implicit_args(task_vars, templar):
     return implicit
 
 
+def stored_names(args, task_vars):
+    """What the host's last slim result named and the controller still holds (``digest_store.named``):
+    the module's ``stored``. {} where the work directory is not a plain value yet (the module checks it)."""
+    where = args["inputs"].get("cpupools_work_dir") if isinstance(args["inputs"], Mapping) else None
+    if where is not None and not isinstance(where, str):
+        return {}
+    return digest_store.named(work_dir.resolve(where), task_vars.get("inventory_hostname"))
+
+
 class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
@@ -127,9 +148,20 @@ class ActionModule(ActionBase):
         if "inputs" not in args:
             args["inputs"] = host_inputs(task_vars, self._templar, self._loader)
         args = {**implicit_args(task_vars, self._templar), **args}
-        result.update(run_plan_module(self, "cpupools.cpupools.cpupools_converged", args, task_vars, prepare=True))
         # slim: the stage plays after this play take their hosts from its groups (playbooks/plan.yml)
         planned = boolean(args["slim"])
+        # a play that runs the stages on every host (reboot.yml, uninstall.yml, a user's own) keeps it whole
+        whole = not planned or Display().verbosity > 0 or bool(self._task.diff)
+        known = {}
+        staged = {stage_groups.todo_group(stage) for stage in stage_groups.CHECKED}
+        if not whole and not staged.intersection(task_vars.get("group_names") or []):
+            # the module leaves out what the controller holds; a host an earlier plan play of the same
+            # playbook left in a stage's group may be kept whole below, so the module sends everything
+            known = stored_names(args, task_vars)
+            args.setdefault("stored", known)
+        else:
+            args["slim"] = False
+        result.update(run_plan_module(self, "cpupools.cpupools.cpupools_converged", args, task_vars, prepare=True))
         if not result.get("failed"):
             batch = task_vars.get("ansible_play_batch") or []
             first = planned and bool(batch) and batch[0] == task_vars.get("inventory_hostname")
@@ -141,8 +173,12 @@ class ActionModule(ActionBase):
             elif grouping:
                 result.update(add_group=grouping[0], parent_groups=grouping[1])
         name_topology(result, bool(self._task.check_mode))
-        # a play that runs the stages on every host (reboot.yml, uninstall.yml, a user's own) keeps it whole,
-        # and so does a host an earlier plan play of the same playbook left in a stage's group
-        whole = not planned or Display().verbosity > 0 or bool(self._task.diff)
+        # so does a host an earlier plan play of the same playbook left in a stage's group
         whole = whole or bool(stage_groups.listed_without_work(result, task_vars.get("group_names") or []))
-        return slim(result, whole, bool(self._task.check_mode))
+        result = slim(result, whole, bool(self._task.check_mode))
+        names = {kind: result[f"{kind}_digest"] for kind in digest_store.KINDS if f"{kind}_digest" in result}
+        if "plan_digest" in result:  # slim: the next run's module can leave out what is stored
+            digest_store.remember(
+                result["work_dir"], task_vars.get("inventory_hostname"), names, known, not self._task.check_mode
+            )
+        return result

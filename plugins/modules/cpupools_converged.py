@@ -68,12 +68,26 @@ options:
         names the topology), RV(plan) and RV(exports) (RV(plan_digest) names them), RV(files), RV(inputs)
         and C(invocation), which only a stage that runs reads (docs/performance.md, "The converged
         result"). C(-v) and C(--diff) keep the whole result.
+      - The module itself leaves out RV(files) and names by digest what O(stored) says the controller
+        holds; its action does the rest, and gives the module O(slim) only where it slims the result
+        (not with C(-v) or C(--diff), nor for a host that an earlier plan play of the same run left in
+        a stage's group).
       - Only for a play whose stage plays leave the converged hosts out, as site.yml's do
         (C(playbooks/plan.yml) sets the variable C(__cpupools_plan_slim), which its action reads when the
         task leaves O(slim) out; false without it); a playbook that runs a stage on every host (C(reboot.yml),
         C(uninstall.yml), a playbook of your own that applies the roles in turn) needs the whole result.
     type: bool
     default: false
+  stored:
+    description:
+      - The digests of this host's topology (C(topology)) and of its plan and exports (C(plan)) that the
+        controller holds, as its last slim result named them (C(<work_dir>/build/hosts/)). With O(slim), on
+        a host with nothing to do, the module returns RV(topology_digest) in place of RV(ansible_facts) and
+        RV(plan_digest) in place of RV(plan) and RV(exports) where its own digest of them is the same (the
+        compact JSON of C(core/digest.py)), so that what the controller would only store again does not
+        travel. Anything else is returned whole, and the action stores it.
+      - Its action fills it in; a task has no reason to give it.
+    type: dict
 attributes:
   check_mode:
     support: full
@@ -188,13 +202,15 @@ cmk_v15:
 ansible_facts:
   description:
     - The topology as C(cpupools), as M(cpupools.cpupools.cpupools_facts) returns it.
-    - With O(slim), on a host with nothing to do (RV(todo) empty), the module's action leaves it out,
-      unless the run has C(-v) or C(--diff); RV(topology_digest) names it (docs/performance.md, "The converged result").
+    - With O(slim), on a host with nothing to do (RV(todo) empty), the module (where O(stored) names it) or
+      its action leaves it out, unless the run has C(-v) or C(--diff); RV(topology_digest) names it
+      (docs/performance.md, "The converged result").
   returned: success, unless the result is slim (O(slim))
   type: dict
 topology_digest:
   description:
-    - Added by the module's action - the SHA-256 of the topology facts as compact JSON, stored on the
+    - Added by the module's action, or by the module where O(stored) names it - the SHA-256 of the
+      topology facts as compact JSON (C(core/digest.py)), stored on the
       controller as C(<work_dir>/build/topology/<digest>.json) (identical nodes share one file). The filter
       C(cpupools.cpupools.topology) reads a host's topology from its fact or from there.
     - With O(slim), on a host with nothing to do (RV(todo) empty), without C(-v) or C(--diff), the result
@@ -205,7 +221,8 @@ topology_digest:
   type: str
 plan_digest:
   description:
-    - Added by the module's action to a slim result (O(slim)) - the SHA-256 of RV(plan) and RV(exports)
+    - Added to a slim result (O(slim)) by the module's action, or by the module where O(stored) names
+      it - the SHA-256 of RV(plan) and RV(exports)
       together as compact JSON, stored on the controller as C(<work_dir>/build/plan/<digest>.json), in their
       place. The filter C(cpupools.cpupools.planned) reads them from either.
   returned: when the result is slim and they are stored (check mode stores none, it names one an earlier run stored)
@@ -215,6 +232,7 @@ plan_digest:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.core import errors
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.core.digest import encode
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.hardware import topology as topo
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node import hugepages, stage_check
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.node.agent_files import parse_build
@@ -229,6 +247,7 @@ ARGUMENT_SPEC = {
     "build": {"type": "str"},
     "build_rc": {"type": "int", "default": 0},
     "slim": {"type": "bool", "default": False},
+    "stored": {"type": "dict"},
 }
 
 
@@ -299,7 +318,24 @@ def main():
         result["exports"]["cpupools_k8s_status"] = stage_check.k8s_skipped_status(skip)
     for warning in plan["warnings"]:
         module.warn(say(warning))
+    if params["slim"] and not pending:
+        slim(result, params["stored"] or {})
     module.exit_json(changed=False, **result)
+
+
+def slim(result, stored):
+    """A converged host's result without what only a stage that runs reads, and without what ``stored``
+    says the controller holds: Ansible walks, encodes and sends every byte of a result (its action slims
+    the rest, docs/performance.md)."""
+    result.pop("files", None)
+    result.pop("agent_leftovers", None)
+    if stored.get("topology") and encode(result["ansible_facts"]["cpupools"])[1] == stored["topology"]:
+        del result["ansible_facts"]
+        result["topology_digest"] = stored["topology"]
+    together = {"plan": result["plan"], "exports": result["exports"]}
+    if stored.get("plan") and encode(together)[1] == stored["plan"]:
+        del result["plan"], result["exports"]
+        result["plan_digest"] = stored["plan"]
 
 
 if __name__ == "__main__":

@@ -18,22 +18,28 @@ re-run only finds it there (one ``stat`` per host), and a file is never
 rewritten. Deleting the directory is safe between runs: the next plan play
 writes what it names again. ``topology()`` and ``planned()`` are the one
 reader of each: what the host has, else the stored file.
+
+Beside them, ``<work_dir>/build/hosts/`` keeps what each host's last slim
+result named (``remember``), so that the next run can tell the host's module
+which digests the controller holds (``named``): the module then leaves out
+what it would only send for the controller to store again, and encodes with
+the same function (``core/digest.py``).
 """
 
+import contextlib
 import hashlib
 import json
 import os
 
+from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.core.digest import encode
 from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.core.files import replace_file
 
 #: Under the work directory (``cpupools_work_dir``), beside the cmk build: one directory per kind.
 KINDS = {"topology": os.path.join("build", "topology"), "plan": os.path.join("build", "plan")}
+#: What each host's last slim result named, one file per host (``remember``).
+HOSTS = os.path.join("build", "hosts")
 
-
-def encode(obj):
-    """``(text, digest)``: the compact JSON text of ``obj`` and its SHA-256."""
-    text = json.dumps(obj, sort_keys=True, separators=(",", ":"))
-    return text, hashlib.sha256(text.encode()).hexdigest()
+__all__ = ["encode", "load", "named", "planned", "remember", "store", "topology"]
 
 
 def path_of(work_dir, digest, kind="topology"):
@@ -115,3 +121,44 @@ def planned(result, cache=None):
     digest, work_dir = result.get("plan_digest"), result.get("work_dir")
     record = load(work_dir, digest, "plan", cache) if digest and work_dir else None
     return record or {"plan": None, "exports": None}
+
+
+def _host_path(work_dir, host):
+    """The file of ``host``'s names: the SHA-256 of its name (an inventory name may hold any character)."""
+    return os.path.join(work_dir, HOSTS, hashlib.sha256(str(host).encode()).hexdigest() + ".json")
+
+
+def named(work_dir, host):
+    """``{kind: digest}`` that ``host``'s last slim result named and that are still stored; {} when none.
+
+    What the plan action gives the module (its ``stored`` option): the module
+    names them in place of what they hold when its own digests are the same.
+    """
+    try:
+        with open(_host_path(work_dir, host), "rb") as handle:
+            record = json.loads(handle.read())
+    except (OSError, TypeError, ValueError):
+        return {}
+    if not isinstance(record, dict) or record.get("host") != host:
+        return {}
+    found = {}
+    for kind in KINDS:
+        digest = record.get(kind)
+        if _is_digest(digest) and os.path.exists(path_of(work_dir, digest, kind)):
+            found[kind] = digest
+    return found
+
+
+def _is_digest(value):
+    """A SHA-256 as hex: a record's value never names a file outside the store."""
+    return isinstance(value, str) and len(value) == 64 and not value.strip("0123456789abcdef")
+
+
+def remember(work_dir, host, names, known=None, write=True):
+    """Keep ``names`` (``{kind: digest}``, every kind) as ``host``'s, unless ``known`` (what ``named`` gave)
+    says so already; never in check mode (``write``), and quietly not where it cannot be written."""
+    if not write or names == known or set(names) != set(KINDS):
+        return
+    text = json.dumps({"host": host, **names}, sort_keys=True)
+    with contextlib.suppress(OSError):
+        replace_file(_host_path(work_dir, host), text.encode(), mode=0o644)

@@ -122,3 +122,48 @@ def test_a_cache_reads_each_digest_once_and_gives_every_host_the_same_object(tmp
     assert store.topology(result, {"cpupools": {"online": "0"}}, cache) == {"online": "0"}
     # without a cache, every call reads: the file is gone
     assert store.topology(result, {}) is None
+
+
+def test_a_value_with_integer_keys_has_the_digest_of_the_json_the_controller_reads():
+    # the module encodes its own objects, the controller what came through JSON: the same digest
+    node_side = {"distances": {10: [10, 21], 9: [21, 10]}, "cpus": (0, 1)}
+    assert store.encode(node_side) == store.encode(json.loads(json.dumps(node_side)))
+
+
+def test_a_hosts_names_are_kept_and_given_back_while_what_they_name_is_stored(tmp_path):
+    work = str(tmp_path)
+    topology_text, topology = store.encode(FACTS)
+    plan_text, plan = store.encode({"plan": {"pools": 2}, "exports": {}})
+    store.store(work, topology_text, topology)
+    store.store(work, plan_text, plan, kind="plan")
+    names = {"topology": topology, "plan": plan}
+    assert store.named(work, "node/1") == {}
+    store.remember(work, "node/1", names, write=False)  # check mode
+    assert not (tmp_path / "build" / "hosts").exists()
+    store.remember(work, "node/1", {"topology": topology})  # a result that names one of them: nothing kept
+    assert not (tmp_path / "build" / "hosts").exists()
+    store.remember(work, "node/1", names)
+    assert store.named(work, "node/1") == names
+    assert store.named(work, "node/2") == {}
+    kept = next((tmp_path / "build" / "hosts").iterdir())
+    before = kept.stat().st_mtime_ns
+    store.remember(work, "node/1", names, known=names)  # the same names: not written again
+    assert kept.stat().st_mtime_ns == before
+    # a stored file deleted since (the directory is safe to delete between runs): not named
+    (tmp_path / "build" / "plan" / f"{plan}.json").unlink()
+    assert store.named(work, "node/1") == {"topology": topology}
+
+
+def test_a_hosts_names_that_cannot_be_read_name_nothing(tmp_path):
+    work = str(tmp_path)
+    text, digest = store.encode(FACTS)
+    store.store(work, text, digest)
+    store.remember(work, "n1", {"topology": digest, "plan": digest})
+    kept = next((tmp_path / "build" / "hosts").iterdir())
+    # a value that is no digest names no file, even one that is there (build/<name>.json, outside the store)
+    (tmp_path / "build" / f"{digest[3:]}.json").write_text(text)
+    outside = json.dumps({"host": "n1", "topology": "../" + digest[3:]})
+    for garbage in ("", "[1]", "{", json.dumps({"host": "other", "topology": digest}), outside):
+        kept.write_text(garbage)
+        assert store.named(work, "n1") == {}, garbage
+    assert store.named(str(tmp_path / "absent"), "n1") == {}
