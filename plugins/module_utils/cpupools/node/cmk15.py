@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from urllib.parse import quote
 
 from ..core.errors import K8sError, show
 
@@ -129,6 +128,8 @@ def read_tasks(
     Returns ``configmaps`` (``namespace/name`` found), ``tasks`` (``parse_config``
     of all of them together), ``pids`` (every PID named) and ``warnings``.
     """
+    from urllib.parse import quote  # here: every converged check imports this module, none calls this
+
     name = configmap_name(node)
     found: list[str] = []
     tasks: Tasks = {}

@@ -17,7 +17,6 @@ and whose message quotes the value, on one line.
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 import os
@@ -775,6 +774,8 @@ PLAN_KEYS = (
 
 def closest_name(name: str) -> str | None:
     """The known variable a misspelt ``cpupools_*`` name most likely meant (compared without the prefix)."""
+    import difflib  # here: only a misspelt name needs it, and every module run imports this module
+
     match = difflib.get_close_matches(name.removeprefix(PREFIX), list(SPEC), n=1, cutoff=0.6)
     return PREFIX + match[0] if match else None
 
