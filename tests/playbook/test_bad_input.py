@@ -23,6 +23,7 @@ the run after that task).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -488,8 +489,10 @@ def write_inventory(tmp_path: Path, text: str = "") -> Path:
 
 
 #: The controller's digest store (plugin_utils/digest_store.py): content-addressed files any good run beside
-#: this one adds (the tests run in parallel); a refused host's result names nothing and stores nothing.
-STORES = ("build/topology/", "build/plan/")
+#: this one adds (the tests run in parallel), and each host's record of what its last slim result named, which a
+#: good run beside this one rewrites for its own ``localhost``; a refused host's result names nothing and stores
+#: nothing (test_bad_input_of_each_host_is_refused_for_that_host_before_anything_is_written).
+STORES = ("build/topology/", "build/plan/", "build/hosts/")
 
 
 def checkout_snapshot() -> dict:
@@ -637,6 +640,10 @@ def test_bad_input_of_each_host_is_refused_for_that_host_before_anything_is_writ
     assert tree_snapshot(tmp_path) == before
     assert not list(tmp_path.rglob("report.html"))
     assert checkout_snapshot() == checkout_before
+    # Hosts no other test names: no record of what a slim result named (build/hosts/), which the
+    # snapshot leaves out because good runs beside this one rewrite localhost's.
+    records = [REPO / "build" / "hosts" / f"{hashlib.sha256(case.id.encode()).hexdigest()}.json" for case in cases]
+    assert not [record for record in records if record.exists()], records
 
 
 def test_unknown_variables_are_warned_about_with_the_closest_name(tmp_path, built_agent):

@@ -27,7 +27,7 @@ if __name__.startswith("ansible_collections.") and type(globals().get("__loader_
     # Compiled here once: zipimport would compile it twice (core/bytecode.py says why), and it is
     # the one module the cache cannot serve. It imports nothing of the package. The import statement
     # that never runs is what puts the file in the payload: Ansible's builder reads import statements.
-    if False:
+    if False:  # pylint: disable=using-constant-test
         from .core import bytecode  # noqa: F401
     import sys as _sys
     import types as _types
