@@ -35,7 +35,9 @@ through ``digest_store.planned``); and no ``files``, ``inputs`` and
 not be stored (check mode writes nothing on the controller: it names only
 what an earlier run stored). Where it will slim, it first tells the module
 which of the host's digests the controller holds (``stored``: what the
-host's last slim result named, ``digest_store.named``), and the module
+host's last result named or stored, ``digest_store.named``; a whole
+result's plan is stored as well, so the first converged re-run after a run
+that changed the host already finds it), and the module
 leaves out what they name when its own digests are the same: the topology,
 plan and exports do not travel from the node to be stored again.
 
@@ -102,12 +104,37 @@ def slim(result, verbose, check_mode=False):
         result.pop(key, None)
     if "plan_digest" in result:  # the module named them (its ``stored``)
         return result
-    text, digest = digest_store.encode({"plan": result.get("plan"), "exports": result.get("exports")})
-    if digest_store.store(result["work_dir"], text, digest, write=not check_mode, kind="plan"):
+    digest = store_plan(result, check_mode)
+    if digest:
         result.pop("plan", None)
         result.pop("exports", None)
         result["plan_digest"] = digest
     return result
+
+
+def store_plan(result, check_mode):
+    """Store the host's plan and exports together by digest: the digest, or None where they cannot be stored."""
+    text, digest = digest_store.encode({"plan": result.get("plan"), "exports": result.get("exports")})
+    if digest_store.store(result["work_dir"], text, digest, write=not check_mode, kind="plan"):
+        return digest
+    return None
+
+
+def names_kept(result, check_mode):
+    """``{kind: digest}`` of what the controller holds of this result, for the host's record (``remember``).
+
+    A slim result names them; a whole one (a host with work, ``-v``,
+    ``--diff``) keeps its plan and exports, which are stored here as well,
+    so that the first converged re-run after a run that changed the host
+    already finds its module's digests on the controller and its module
+    leaves them out (where they differ by then, the module sends them).
+    """
+    names = {kind: result[f"{kind}_digest"] for kind in digest_store.KINDS if f"{kind}_digest" in result}
+    if "plan_digest" not in result and "topology_digest" in result and "plan" in result:
+        digest = store_plan(result, check_mode)
+        if digest:
+            names["plan"] = digest
+    return names
 
 
 def implicit_args(task_vars, templar):
@@ -133,7 +160,7 @@ def implicit_args(task_vars, templar):
 
 
 def stored_names(args, task_vars):
-    """What the host's last slim result named and the controller still holds (``digest_store.named``):
+    """What the controller still holds of the host's last result (``digest_store.named``):
     the module's ``stored``. {} where the work directory is not a plain value yet (the module checks it)."""
     where = args["inputs"].get("cpupools_work_dir") if isinstance(args["inputs"], Mapping) else None
     if where is not None and not isinstance(where, str):
@@ -176,8 +203,8 @@ class ActionModule(ActionBase):
         # so does a host an earlier plan play of the same playbook left in a stage's group
         whole = whole or bool(stage_groups.listed_without_work(result, task_vars.get("group_names") or []))
         result = slim(result, whole, bool(self._task.check_mode))
-        names = {kind: result[f"{kind}_digest"] for kind in digest_store.KINDS if f"{kind}_digest" in result}
-        if "plan_digest" in result:  # slim: the next run's module can leave out what is stored
+        if not result.get("failed") and "topology_digest" in result:  # the next run's module leaves out what is stored
+            names = names_kept(result, bool(self._task.check_mode))
             digest_store.remember(
                 result["work_dir"], task_vars.get("inventory_hostname"), names, known, not self._task.check_mode
             )

@@ -81,7 +81,7 @@ options:
   stored:
     description:
       - The digests of this host's topology (C(topology)) and of its plan and exports (C(plan)) that the
-        controller holds, as its last slim result named them (C(<work_dir>/build/hosts/)). With O(slim), on
+        controller holds, as its last result named or stored them (C(<work_dir>/build/hosts/)). With O(slim), on
         a host with nothing to do, the module returns RV(topology_digest) in place of RV(ansible_facts) and
         RV(plan_digest) in place of RV(plan) and RV(exports) where its own digest of them is the same (the
         compact JSON of C(core/digest.py)), so that what the controller would only store again does not

@@ -36,7 +36,8 @@ from ansible_collections.cpupools.cpupools.plugins.module_utils.cpupools.core.fi
 
 #: Under the work directory (``cpupools_work_dir``), beside the cmk build: one directory per kind.
 KINDS = {"topology": os.path.join("build", "topology"), "plan": os.path.join("build", "plan")}
-#: What each host's last slim result named, one file per host (``remember``).
+#: What the controller holds of each host's last result (named by a slim one, stored from a whole one), one file
+#: per host (``remember``).
 HOSTS = os.path.join("build", "hosts")
 
 __all__ = ["encode", "load", "named", "planned", "remember", "store", "topology"]
@@ -129,7 +130,7 @@ def _host_path(work_dir, host):
 
 
 def named(work_dir, host):
-    """``{kind: digest}`` that ``host``'s last slim result named and that are still stored; {} when none.
+    """``{kind: digest}`` of ``host``'s last result that are still stored; {} when none.
 
     What the plan action gives the module (its ``stored`` option): the module
     names them in place of what they hold when its own digests are the same.

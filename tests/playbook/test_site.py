@@ -77,6 +77,11 @@ def test_run_then_rerun_changes_nothing(playbook, tmp_path):
         assert html_escape(warning) in html
     assert "warnings        none" not in text
     snapshot = outputs(tmp_path)
+    # The run that changed the host kept its plan result whole, and stored its plan and exports as
+    # well: the first converged re-run's module finds them named (below, the same digests) and leaves
+    # them out, as every later one does.
+    after_first = digest_store.named(str(tmp_path / "work"), "localhost")
+    assert set(after_first) == {"topology", "plan"}, after_first
     second = site(playbook, tmp_path, **work)
     assert second.rc == 0, second.stdout[-3000:]
     assert second.changed() == 0, [t["task"]["name"] for t in second.tasks() if t["hosts"]["localhost"].get("changed")]
@@ -98,6 +103,7 @@ def test_run_then_rerun_changes_nothing(playbook, tmp_path):
     # and the result and the report are the same (tests/collection/test_converged_slim.py).
     named = digest_store.named(str(tmp_path / "work"), "localhost")
     assert named == {"topology": slim["topology_digest"], "plan": slim["plan_digest"]}
+    assert after_first == named
     third = site(playbook, tmp_path, **work)
     assert third.rc == 0 and third.changed() == 0
     assert third.result("Plan the CPU pools") == slim
