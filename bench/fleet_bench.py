@@ -30,7 +30,13 @@ printed), then every host of every fleet gets a copy of the seed's first root
 rewritten; the large files are hard links). The re-run proves the copies
 converged: it fails the bench when it changes anything, and its module
 executions per host show whether a stage play ran. So 1,000 hosts take
-minutes on 2 cores, not the hour a first run of each would.
+minutes on 2 cores, not the hour a first run of each would. Each copy gets
+the seed's record of what its last result named as well (``build/hosts/``
+of the checkout, plugin_utils/digest_store.py), as a first run of each
+host would have left it: the first round is then the first converged re-run
+after a run that changed the fleet, not a controller that never saw it
+(where the checkout's digest store is not this one's, for an older
+``--repo``, none is written, and the bench says so).
 
 Then, unless ``--no-big``, it times the converged re-run of a fleet of
 ``--big-hosts`` hosts (default 20; real first runs) with one host replaced by
@@ -76,8 +82,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(HERE / "plugins" / "module_utils"), str(HERE / "tests" / "fixtures")]
+sys.path[:0] = [str(HERE / "plugins" / "module_utils"), str(HERE / "tests" / "fixtures"), str(HERE / "collections")]
 
+from ansible_collections.cpupools.cpupools.plugins.plugin_utils import digest_store  # noqa: E402
 from sysfs import CORPUS, write_tree  # noqa: E402
 
 PING = """---
@@ -147,6 +154,25 @@ def clone_roots(seed: Path, base: Path, hosts: int) -> None:
                     stat = path.stat()
                     path.write_bytes(text.replace(b"node0000", name.encode()))
                     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+def clone_records(repo: Path, hosts: int) -> int | None:
+    """Give each host without one the seed's (node0000's) record in ``repo``'s work directory; how many were
+    written, or None where ``repo``'s digest store is not this checkout's (another format, or none)."""
+    store = Path("plugins", "plugin_utils", "digest_store.py")
+    if not (repo / store).is_file() or (repo / store).read_bytes() != (HERE / store).read_bytes():
+        return None
+    work = str(repo)  # cpupools_work_dir "auto": a checkout's own directory (plugins/plugin_utils/work_dir.py)
+    names = digest_store.named(work, "node0000")
+    if not names:
+        return 0
+    written = 0
+    for i in range(1, hosts):
+        name = f"node{i:04d}"
+        if not digest_store.named(work, name):
+            digest_store.remember(work, name, names)
+            written += 1
+    return written
 
 
 #: The task that writes the fleet's HTML report (changed on the first re-run of a new fleet: no file yet).
@@ -269,6 +295,16 @@ def fleet_rounds(repo: Path, base: Path, seed: Path, hosts: int, forks: int, rou
     ``BINS`` in turn within a round (interleaved: each core sees the same load)."""
     inventory = make_fleet(base, hosts)
     clone_roots(seed, base, hosts)
+    records = clone_records(repo, hosts)
+    print(
+        f"{hosts} hosts: "
+        + (
+            "no record of the seed's copied (the checkout's digest store is another)"
+            if records is None
+            else f"the seed's record of its last result copied to {records} hosts without one"
+        ),
+        flush=True,
+    )
     out: dict[Path, list[dict]] = {bin_dir: [] for bin_dir in BINS}
     for i in range(rounds):
         for bin_dir in BINS:

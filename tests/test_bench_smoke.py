@@ -42,6 +42,8 @@ def test_the_fleet_bench_prints_the_ratios_the_serial_part_and_the_result_sizes_
     out = bench("bench/fleet_bench.py", "--hosts", "2,3", "--first-hosts", "2", "--rounds", "1", "--no-big", "--sizes")
     for hosts in (2, 3):
         assert f"{hosts} hosts, ansible-core" in out, out
+        # every copy has the controller's record of the seed's last result, as a first run would have left it
+        assert re.search(rf"^{hosts} hosts: the seed's record of its last result copied to \d+ hosts", out, re.M), out
     assert (
         len(
             re.findall(
