@@ -3,6 +3,15 @@
 
 Simulated hosts use the local connection, the embedded default inventory's
 2-socket 88-CPU topology as their facts root and each its own sandbox root.
+Each fleet's copy of that topology has a running kernel's release
+(``proc/sys/kernel/osrelease``) and each root that kernel's config
+(``boot/config-<release>``: this machine's from ``/proc/config.gz`` where it
+is readable, its size that of a real one, with the two options the plan
+needs on; else those two lines): what a real node has. The embedded
+inventory's topology has neither, and there every converged host warned
+twice (the release unknown, the config not found), warnings a real fleet
+does not see and whose handling costs each host's worker and the main
+process. The re-run's line says how many warnings its results carried.
 For each fleet size of ``--hosts`` (default 20; for example ``20,200,1000``)
 and each round it times, with the same hosts and forks:
 
@@ -69,6 +78,7 @@ run. The seed's first run and the 1,024-CPU comparison use this one's.
 from __future__ import annotations
 
 import argparse
+import gzip
 import itertools
 import json
 import os
@@ -100,11 +110,40 @@ PING = """---
 #: lock file among them, are copied, so that no two hosts share a file they open for writing.
 LINK_SIZE = 64 * 1024
 
+#: The kernel the simulated nodes run (Debian 13's): its release and its config, as a real node has them.
+RELEASE = "6.12.57+deb13-amd64"
+#: The options the plan's kernel arguments need (node/kargs.py), on in the nodes' kernel config.
+CONFIG_ON = ("CONFIG_NO_HZ_FULL", "CONFIG_RCU_NOCB_CPU")
+
+
+def node_topology(base: Path) -> Path:
+    """The fleet's facts root: the embedded inventory's topology and the running kernel's release."""
+    topology = base / "topology"
+    if not topology.exists():
+        shutil.copytree(HERE / "inventories" / "local" / "topology", topology, symlinks=True)
+        release = topology / "proc" / "sys" / "kernel" / "osrelease"
+        release.parent.mkdir(parents=True, exist_ok=True)
+        release.write_text(RELEASE + "\n")
+    return topology
+
+
+def kernel_config() -> str:
+    """The nodes' kernel config: this machine's (``/proc/config.gz``) with ``CONFIG_ON`` on, else only those."""
+    try:
+        with gzip.open("/proc/config.gz", "rt") as config:
+            lines = config.read().splitlines()
+    except OSError:
+        lines = []
+    wanted = {f"# {option} is not set": f"{option}=y" for option in CONFIG_ON}
+    lines = [wanted.get(line, line) for line in lines]
+    lines += [f"{option}=y" for option in CONFIG_ON if f"{option}=y" not in lines]
+    return "\n".join(lines) + "\n"
+
 
 def make_fleet(base: Path, hosts: int, odd: tuple[str, Path] | None = None) -> Path:
     """The inventory of ``hosts`` hosts; ``odd`` = (fixture name, its tree) replaces the first host's topology."""
     base.mkdir(parents=True, exist_ok=True)
-    topology = HERE / "inventories" / "local" / "topology"
+    topology = node_topology(base)
     lines = ["all:", "  children:", "    cpupools_nodes:", "      hosts:"]
     for i in range(hosts):
         name = f"node{i:04d}"
@@ -269,6 +308,7 @@ def measures(wall: float, data: dict, hosts: int) -> dict:
         "main_total": data["main"],
         "changed": data["changed"],
         "changed_tasks": data["changed_tasks"],
+        "warnings": data.get("warnings", 0),
         "task_seconds": data.get("task_seconds", {}),
         "serial": serial_seconds(data, hosts),
     }
@@ -286,6 +326,11 @@ def serial_seconds(data: dict, hosts: int) -> float:
 def seed_fleet(repo: Path, base: Path, hosts: int, forks: int) -> tuple[Path, dict]:
     """A fleet of ``hosts`` hosts after a real first run of site.yml: node0000's root, and that run's measures."""
     inventory = make_fleet(base, hosts)
+    text = kernel_config()
+    for i in range(hosts):
+        config = base / "roots" / f"node{i:04d}" / "boot" / f"config-{RELEASE}"
+        config.parent.mkdir(parents=True, exist_ok=True)
+        config.write_text(text)
     wall, data = run(repo, inventory, repo / "site.yml", forks)
     return base / "roots" / "node0000", measures(wall, data, hosts)
 
@@ -354,7 +399,8 @@ def report_fleet(hosts: int, rows: list[dict]) -> None:
             f"  {label:5}: wall {median(rows, label, 'wall'):6.1f} s (rounds: {walls}); "
             f"{last['tasks']:4.1f} tasks/host, {last['modules']:4.1f} module executions/host; "
             f"CPU s/host {median(rows, label, 'cpu'):.3f} all, {median(rows, label, 'main'):.3f} main process; "
-            f"{last['changed']} changed {last['changed_tasks'] if last['changed'] else ''}"
+            f"{last['changed']} changed {last['changed_tasks'] if last['changed'] else ''}; "
+            f"{last['warnings'] / hosts:.1f} warnings/host"
         )
     slowest = sorted(rows[-1]["rerun"]["task_seconds"].items(), key=lambda kv: -kv[1])[:4]
     print("  re-run's longest tasks: " + "; ".join(f"{name} {seconds:.1f} s" for name, seconds in slowest))

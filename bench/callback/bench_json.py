@@ -142,6 +142,7 @@ class CallbackModule(CallbackBase):
         self._tasks = 0
         self._modules = 0
         self._failures = []
+        self._warnings = 0
         self._changed = {}
         self._task_times = {}
         self._task_results = {}
@@ -157,6 +158,7 @@ class CallbackModule(CallbackBase):
         action = str(result.task.action).rpartition(".")[2]
         if action not in CONTROLLER_ACTIONS:
             self._modules += 1
+        self._warnings += len(result.result.get("warnings") or ())
         if failed:
             self._failures.append(f"{result.host.name}: {result.task.get_name()}: {result.result.get('msg', '')}")
         if self._sizes is not None:
@@ -210,6 +212,7 @@ class CallbackModule(CallbackBase):
             "modules": self._modules,
             "changed": sum(stats.summarize(host)["changed"] for host in hosts),
             "changed_tasks": self._changed,
+            "warnings": self._warnings,
             "task_seconds": {name: round(seconds, 3) for name, seconds in self._task_times.items()},
             "task_results": self._task_results,
             "failures": self._failures,

@@ -19,8 +19,9 @@ rewritten. Deleting the directory is safe between runs: the next plan play
 writes what it names again. ``topology()`` and ``planned()`` are the one
 reader of each: what the host has, else the stored file.
 
-Beside them, ``<work_dir>/build/hosts/`` keeps what each host's last slim
-result named (``remember``), so that the next run can tell the host's module
+Beside them, ``<work_dir>/build/hosts/`` keeps what the controller holds of
+each host's last result, named by a slim one or stored from a whole one
+(``remember``), so that the next run can tell the host's module
 which digests the controller holds (``named``): the module then leaves out
 what it would only send for the controller to store again, and encodes with
 the same function (``core/digest.py``).

@@ -19,7 +19,19 @@ is imported: the workers forked after it find the plugins loaded. Loading
 them is what the first worker would have done; a plugin directory added
 later (a role's ``filter_plugins``) clears ansible-core's cache as before,
 and the next process that needs them loads them again.
+
+It also builds Ansible's Jinja lexer there (ansible-core 2.19 and later).
+Each ``register:`` of a task is an expression that ansible-core 2.21 compiles
+in the host's worker after the action ran, and the first compile in a
+process builds the lexer of the template environment (some thirty regular
+expressions; ansible-core caches it on the environment's class). The main
+process of a run whose plays template nothing never builds it, so without
+this every worker of a registered task built its own: about 1 ms of CPU per
+task and host (docs/performance.md, "The node's kernel, ansible-core's
+warnings and its lexer").
 """
+
+_lexer_built = False
 
 
 def load():
@@ -34,3 +46,12 @@ def load():
         test_loader.get("ansible.builtin.success")
     except Exception:  # only an optimisation: a worker loads what it needs, as before
         pass
+    global _lexer_built
+    if not _lexer_built:
+        _lexer_built = True
+        try:
+            from ansible.template import Templar, trust_as_template  # ansible-core 2.19 and later
+
+            Templar().evaluate_expression(trust_as_template("0"))
+        except Exception:  # an older ansible-core, or none of this: a worker builds it, as before
+            pass

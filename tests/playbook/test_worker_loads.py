@@ -10,11 +10,16 @@ templated argument (its action reads the host's variables). So a run of the
 plan play execs ``ldconfig`` as often for four hosts as for one, though
 every host's values use a filter; without the main process's load, each
 host's plan worker runs it again (docs/performance.md, "Filters loaded once").
+The same import builds the template lexer, which each worker of a registered
+task would otherwise build to compile its ``register:`` expression.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 
 from helpers import REPO, local_nodes, run_playbook
 
@@ -47,3 +52,32 @@ def test_the_hosts_workers_do_not_load_the_filters_again(tmp_path):
     four = ldconfig_execs(tmp_path, ["node0", "node1", "node2", "node3"])
     assert one >= 1, "no ldconfig at all: the trace no longer sees what it counts"  # the main process's own
     assert four == one, f"{four} ldconfig runs for four hosts, {one} for one: a worker per host loads them"
+
+
+# A worker forked after the main process loaded: ansible-core 2.21 compiles the task's register: expression
+# there (after the action ran), with a lexer it built itself unless the main process had built it before.
+WORKER = """
+import os, sys
+from ansible._internal._templating import _jinja_bits
+from ansible.template import Templar, trust_as_template
+from ansible_collections.cpupools.cpupools.plugins.plugin_utils import jinja_plugins
+if sys.argv[1] == "load":
+    jinja_plugins.load()
+def refuse(self, *args, **kwargs):
+    os._exit(2)  # a lexer built in the worker
+_jinja_bits.AnsibleLexer.__init__ = refuse
+pid = os.fork()
+if pid == 0:
+    os._exit(0 if Templar().evaluate_expression(trust_as_template("1 + 2")) == 3 else 3)
+sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+"""
+
+
+def test_the_main_process_builds_the_lexer_a_hosts_worker_compiles_with():
+    env = dict(os.environ, PYTHONPATH=str(REPO / "collections"))
+    run = [sys.executable, "-c", WORKER]
+    built = subprocess.run([*run, "load"], env=env, capture_output=True, text=True, check=False)
+    assert built.returncode == 0, built.stderr[-2000:]
+    # the control: without the main process's load, the worker builds one (the check sees a build)
+    alone = subprocess.run([*run, "none"], env=env, capture_output=True, text=True, check=False)
+    assert alone.returncode == 2, alone.stderr[-2000:]
