@@ -11,7 +11,7 @@ needs on; else those two lines): what a real node has. The embedded
 inventory's topology has neither, and there every converged host warned
 twice (the release unknown, the config not found), warnings a real fleet
 does not see and whose handling costs each host's worker and the main
-process. The re-run's line says how many warnings its results carried.
+process. Each run's line says how many warnings its results carried.
 For each fleet size of ``--hosts`` (default 20; for example ``20,200,1000``)
 and each round it times, with the same hosts and forks:
 
@@ -116,14 +116,20 @@ RELEASE = "6.12.57+deb13-amd64"
 CONFIG_ON = ("CONFIG_NO_HZ_FULL", "CONFIG_RCU_NOCB_CPU")
 
 
+def with_release(facts_root: Path) -> Path:
+    """``facts_root`` with the running kernel's release (``RELEASE``), as a node's /proc has it."""
+    release = facts_root / "proc" / "sys" / "kernel" / "osrelease"
+    release.parent.mkdir(parents=True, exist_ok=True)
+    release.write_text(RELEASE + "\n")
+    return facts_root
+
+
 def node_topology(base: Path) -> Path:
     """The fleet's facts root: the embedded inventory's topology and the running kernel's release."""
     topology = base / "topology"
     if not topology.exists():
         shutil.copytree(HERE / "inventories" / "local" / "topology", topology, symlinks=True)
-        release = topology / "proc" / "sys" / "kernel" / "osrelease"
-        release.parent.mkdir(parents=True, exist_ok=True)
-        release.write_text(RELEASE + "\n")
+        with_release(topology)
     return topology
 
 
@@ -138,6 +144,15 @@ def kernel_config() -> str:
     lines = [wanted.get(line, line) for line in lines]
     lines += [f"{option}=y" for option in CONFIG_ON if f"{option}=y" not in lines]
     return "\n".join(lines) + "\n"
+
+
+def with_kernel_config(base: Path, hosts: int) -> None:
+    """Give each of the ``hosts`` roots of the fleet in ``base`` the kernel's config, before its first run."""
+    text = kernel_config()
+    for i in range(hosts):
+        config = base / "roots" / f"node{i:04d}" / "boot" / f"config-{RELEASE}"
+        config.parent.mkdir(parents=True, exist_ok=True)
+        config.write_text(text)
 
 
 def make_fleet(base: Path, hosts: int, odd: tuple[str, Path] | None = None) -> Path:
@@ -326,11 +341,7 @@ def serial_seconds(data: dict, hosts: int) -> float:
 def seed_fleet(repo: Path, base: Path, hosts: int, forks: int) -> tuple[Path, dict]:
     """A fleet of ``hosts`` hosts after a real first run of site.yml: node0000's root, and that run's measures."""
     inventory = make_fleet(base, hosts)
-    text = kernel_config()
-    for i in range(hosts):
-        config = base / "roots" / f"node{i:04d}" / "boot" / f"config-{RELEASE}"
-        config.parent.mkdir(parents=True, exist_ok=True)
-        config.write_text(text)
+    with_kernel_config(base, hosts)
     wall, data = run(repo, inventory, repo / "site.yml", forks)
     return base / "roots" / "node0000", measures(wall, data, hosts)
 
@@ -373,10 +384,11 @@ def result_sizes(repo: Path, base: Path, forks: int, hosts: int) -> dict:
 def big_host(repo: Path, base: Path, hosts: int, forks: int, rounds: int) -> dict[str, list[float]]:
     """Converged re-run times of the fleet with its first host a 16-CPU and a 1,024-CPU node."""
     times: dict[str, list[float]] = {"1s8c-smt2": [], "8s64c-smt2": []}
-    trees = {name: Path(write_tree(str(base / "corpus" / name), CORPUS[name])) for name in times}
+    trees = {name: with_release(Path(write_tree(str(base / "corpus" / name), CORPUS[name]))) for name in times}
     for name in times:
         fleet = base / name
         inventory = make_fleet(fleet, hosts, (name, trees[name]))
+        with_kernel_config(fleet, hosts)
         run(repo, inventory, repo / "site.yml", forks)
     for _ in range(rounds):
         for name in times:  # interleaved: both see the same load
@@ -400,7 +412,7 @@ def report_fleet(hosts: int, rows: list[dict]) -> None:
             f"{last['tasks']:4.1f} tasks/host, {last['modules']:4.1f} module executions/host; "
             f"CPU s/host {median(rows, label, 'cpu'):.3f} all, {median(rows, label, 'main'):.3f} main process; "
             f"{last['changed']} changed {last['changed_tasks'] if last['changed'] else ''}; "
-            f"{last['warnings'] / hosts:.1f} warnings/host"
+            f"{last['warnings']} warnings"
         )
     slowest = sorted(rows[-1]["rerun"]["task_seconds"].items(), key=lambda kv: -kv[1])[:4]
     print("  re-run's longest tasks: " + "; ".join(f"{name} {seconds:.1f} s" for name, seconds in slowest))
