@@ -27,7 +27,7 @@ process builds the lexer of the template environment (some thirty regular
 expressions; ansible-core caches it on the environment's class). The main
 process of a run whose plays template nothing never builds it, so without
 this every worker of a registered task built its own: about 1 ms of CPU per
-task and host (docs/performance.md, "The node's kernel, ansible-core's
+task and host (docs/performance.md, "A real node's kernel, ansible-core's
 warnings and its lexer").
 """
 
