@@ -129,8 +129,7 @@ def node_topology(base: Path) -> Path:
     topology = base / "topology"
     if not topology.exists():
         shutil.copytree(HERE / "inventories" / "local" / "topology", topology, symlinks=True)
-        with_release(topology)
-    return topology
+    return with_release(topology)  # a fleet kept (--keep) from a bench before the release was written gets it too
 
 
 def kernel_config() -> str:
