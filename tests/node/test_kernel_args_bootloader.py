@@ -7,6 +7,7 @@ the same seam (Host's run_command), without Ansible in between.
 
 from __future__ import annotations
 
+import gzip
 import os
 import subprocess
 from pathlib import Path
@@ -170,3 +171,47 @@ def test_running_kernel_is_read_under_the_facts_root(make_root, tmp_path):
     assert out["reboot_required"] is False and out["pending"] == [] and out["kernel_release"] == RELEASE
     assert out["cmdline"]["running"].startswith("BOOT_IMAGE=/vmlinuz ")
     assert write_boot_config(root, p)["reboot_required"] is True  # without it, the node root's is read
+
+
+def facts_with_config_gz(make_root, name: str, text: str | None, release: str = RELEASE) -> Path:
+    """A facts root whose running kernel is ``release`` and ships its config only as proc/config.gz."""
+    facts = make_root("1s8c-smt2", name=name)
+    (facts / "proc/sys/kernel").mkdir(parents=True)
+    (facts / "proc/sys/kernel/osrelease").write_text(release + "\n")
+    if text is not None:
+        (facts / "proc/config.gz").write_bytes(gzip.compress(text.encode()))
+    return facts
+
+
+def test_running_kernels_config_gz_is_read_when_boot_has_none(make_root):
+    root = make_backend_root(make_root, "grub")
+    (root / "boot" / f"config-{RELEASE}").unlink()
+    p = {**params(root, "grub"), "kernel_release": None}
+    unchecked = "the kernel config was not found"
+    # Without either, the run warns that nothing was checked.
+    bare = write_boot_config(root, p, check=True, facts_root=str(facts_with_config_gz(make_root, "bare", None)))
+    assert any(unchecked in w for w in bare["warnings"]), bare["warnings"]
+    # The running kernel's proc/config.gz is read: a kernel without NO_HZ_FULL is refused, nothing written ...
+    before = tree_snapshot(root)
+    without = facts_with_config_gz(make_root, "without", "CONFIG_RCU_NOCB_CPU=y\n# CONFIG_NO_HZ_FULL is not set\n")
+    with pytest.raises(KernelArgsError, match="CONFIG_NO_HZ_FULL"):
+        write_boot_config(root, p, facts_root=str(without))
+    assert tree_snapshot(root) == before
+    # ... and one with it is checked, without the warning.
+    good = facts_with_config_gz(make_root, "good", "CONFIG_NO_HZ_FULL=y\nCONFIG_RCU_NOCB_CPU=y\n")
+    out = write_boot_config(root, p, facts_root=str(good))
+    assert out["changed"] is True and not any(unchecked in w for w in out["warnings"]), out["warnings"]
+
+
+def test_config_gz_describes_only_the_running_kernel(make_root):
+    root = make_backend_root(make_root, "grub")
+    (root / "boot" / f"config-{RELEASE}").unlink()
+    # The arguments are for another release than the one running: its config.gz says nothing about that one.
+    facts = facts_with_config_gz(make_root, "facts", "# CONFIG_NO_HZ_FULL is not set\n", release="6.12.0-running")
+    out = write_boot_config(root, params(root, "grub"), check=True, facts_root=str(facts))
+    assert any("the kernel config was not found" in w for w in out["warnings"]), out["warnings"]
+    # A config.gz that does not decompress is an error naming it, not a node taken as unchecked.
+    (facts / "proc/sys/kernel/osrelease").write_text(RELEASE + "\n")
+    (facts / "proc/config.gz").write_bytes(gzip.compress(b"CONFIG_NO_HZ_FULL=y\n")[:-6])
+    with pytest.raises(KernelArgsError, match=r"cannot read /proc/config\.gz"):
+        write_boot_config(root, params(root, "grub", kernel_release=None), check=True, facts_root=str(facts))

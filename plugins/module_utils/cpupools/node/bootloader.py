@@ -289,6 +289,34 @@ def kernel_release(host: Host, forced: str | None) -> str | None:
     return text.strip() if text else None
 
 
+def kernel_config(host: Host, release: str | None) -> str | None:
+    """The build configuration of kernel ``release``; ``None`` when the node has none to read.
+
+    ``boot/config-<release>`` under the root, as distributions install it;
+    for the running kernel, else its own ``proc/config.gz`` under
+    ``facts_root`` (CONFIG_IKCONFIG_PROC: nodes that ship no config in /boot,
+    or whose /boot is another partition the image does not mount). Not for
+    another release given with ``kernel_release``: that file describes the
+    kernel that runs, not the one that boots next.
+    """
+    if not release:
+        return None
+    text = host.read(f"boot/config-{release}")
+    if text is not None or kernel_release(host, None) != release:
+        return text
+    import gzip  # only here: most nodes have the file in /boot, and each run of the module imports this one
+    import zlib
+
+    path = os.path.join(host.facts_root, "proc/config.gz")
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as handle:
+            return handle.read()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
+        raise KernelArgsError(f"cannot read /proc/config.gz: {exc}", "kernel_args_backend") from None
+
+
 # Backends --------------------------------------------------------------------------
 
 
@@ -515,7 +543,7 @@ def compute(host: Host, params: Mapping) -> tuple[str, dict, dict]:
     options = kargs.make_options(params)
     running = (host.read_running("proc/cmdline") or "").strip()
     release = kernel_release(host, params.get("kernel_release"))
-    config = host.read(f"boot/config-{release}") if release else None
+    config = kernel_config(host, release)
     notes: list[str] = []
     warnings: list[str] = []
     desired: dict[str, str] = {}
