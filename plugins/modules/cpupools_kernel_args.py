@@ -46,8 +46,9 @@ options:
   facts_root:
     description:
       - Root directory under which what the running kernel reports is read (C(/proc/cmdline),
-        C(/sys/devices/system/cpu/isolated), C(nohz_full), C(/proc/sys/kernel/osrelease)); the role passes
-        C(cpupools_facts_root), the root the topology facts come from. Default O(root).
+        C(/sys/devices/system/cpu/isolated), C(nohz_full), C(/proc/sys/kernel/osrelease), and
+        C(/proc/config.gz) where O(root) has no C(/boot/config-<release>) of the running kernel); the role
+        passes C(cpupools_facts_root), the root the topology facts come from. Default O(root).
     type: path
   report_files:
     description:
@@ -113,7 +114,9 @@ options:
   kernel_release:
     description: >-
       Release of the kernel the arguments are for; default the running one (or
-      C(<root>/proc/sys/kernel/osrelease)).
+      C(<facts_root>/proc/sys/kernel/osrelease)). Its C(/boot/config-<release>) is what
+      C(nohz_full=) and C(rcu_nocbs=) are checked against; only the running kernel's
+      C(/proc/config.gz) stands in for a missing one.
     type: str
   record:
     description: File (under O(root)) that remembers the values cpupools replaced, for O(state=absent).
