@@ -6,10 +6,18 @@ SPEC_JSON holds keyword arguments of ``tests/fixtures/sysfs.py``'s ``Spec``
 (lists stand for its tuples), for example
 ``{"sockets": 2, "cores_per_socket": 8, "threads": 2}``. The tree is written
 afresh: DEST is removed first, so a platform never sees a stale topology.
+
+Beside the topology, ``proc/config.gz``: the build configuration of the
+kernel the fixture node runs, a distribution kernel built for isolation
+(CONFIG_NO_HZ_FULL, CONFIG_RCU_NOCB_CPU). create.yml mounts it over the
+container's ``/proc/config.gz`` where the machine has one: that file is
+the machine's kernel's, not the node's, and the kernel stage checks the
+arguments it writes against it (docs/kernel-args.md).
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import shutil
@@ -19,6 +27,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "fixtures"))
 
 from sysfs import Spec, write_tree  # noqa: E402
+
+#: What the kernel stage reads of a kernel's configuration, as a distribution kernel has it.
+KERNEL_CONFIG = """\
+CONFIG_IKCONFIG=y
+CONFIG_IKCONFIG_PROC=y
+CONFIG_NO_HZ_COMMON=y
+CONFIG_NO_HZ_FULL=y
+CONFIG_RCU_NOCB_CPU=y
+"""
 
 
 def main(argv: list[str]) -> int:
@@ -34,6 +51,8 @@ def main(argv: list[str]) -> int:
         return 2
     shutil.rmtree(dest, ignore_errors=True)
     write_tree(dest, spec)
+    with gzip.open(os.path.join(dest, "proc", "config.gz"), "wt", encoding="utf-8") as handle:
+        handle.write(KERNEL_CONFIG)
     return 0
 
 

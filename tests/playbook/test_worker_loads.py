@@ -42,7 +42,8 @@ def ldconfig_execs(tmp_path, names):
     res = run_playbook(REPO / "playbooks" / "plan.yml", tmp_path, None, "--check", inventory=inventory, wrapper=strace)
     assert res.rc == 0, res.stdout[-3000:] + res.stderr[-2000:]
     planned = [task["hosts"] for task in res.tasks() if task["task"]["name"] == "Plan the CPU pools"]
-    assert planned and sorted(planned[0]) == sorted(names)
+    ran = [(task["task"]["name"], sorted(task["hosts"])) for task in res.tasks()]
+    assert planned and sorted(planned[0]) == sorted(names), (ran, res.stdout[-3000:], res.stderr[-3000:])
     assert all(r["inputs"]["kernel_args_backend"] == "grub" for r in planned[0].values())
     return len(LDCONFIG.findall(trace.read_text()))
 
