@@ -213,5 +213,6 @@ def test_config_gz_describes_only_the_running_kernel(make_root):
     # A config.gz that does not decompress is an error naming it, not a node taken as unchecked.
     (facts / "proc/sys/kernel/osrelease").write_text(RELEASE + "\n")
     (facts / "proc/config.gz").write_bytes(gzip.compress(b"CONFIG_NO_HZ_FULL=y\n")[:-6])
-    with pytest.raises(KernelArgsError, match=r"cannot read /proc/config\.gz"):
+    with pytest.raises(KernelArgsError, match=r"cannot read /proc/config\.gz") as refused:
         write_boot_config(root, params(root, "grub", kernel_release=None), check=True, facts_root=str(facts))
+    assert refused.value.field == "kernel_release"  # the variable that points the check at another kernel's config

@@ -314,7 +314,7 @@ def kernel_config(host: Host, release: str | None) -> str | None:
     except (FileNotFoundError, NotADirectoryError):
         return None
     except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
-        raise KernelArgsError(f"cannot read /proc/config.gz: {exc}", "kernel_args_backend") from None
+        raise KernelArgsError(f"cannot read /proc/config.gz: {exc}", "kernel_release") from None
 
 
 # Backends --------------------------------------------------------------------------
