@@ -169,6 +169,27 @@ def test_a_layout_read_while_the_crds_storage_initializes_is_repeated(fake, api,
     assert [r.method for r in fake.requests] == ["GET", "GET", "GET", "POST"]
 
 
+def test_a_layout_write_refused_by_the_crds_old_storage_is_repeated_until_the_deadline(fake, api, make_plan):
+    """Fake: the real server refuses so only while it swaps a just-updated CRD's storage (seen once in CI).
+
+    After an update of the CRD the server tears the previous storage down; a request that reached it gets
+    ``503 apiserver is shutting down`` before anything was stored, so the create and the update are sent again.
+    """
+    fake.add_crd(layout_crd())
+    shutting = "apiserver is shutting down"
+    fake.fail("POST", r"/cpupoollayouts$", 503, shutting, times=2)
+    assert ensure_layout(api, layout_object("node-1", make_plan(), {}), check_mode=False) == "created"
+    assert [r.method for r in fake.requests] == ["GET", "POST", "POST", "POST"]
+    fake.fail("PUT", r"/cpupoollayouts/node-1$", 503, shutting)
+    smaller = layout_object("node-1", make_plan(num_exclusive_cores=3), {})
+    assert ensure_layout(api, smaller, check_mode=False) == "updated"
+    assert [r.method for r in fake.requests][4:] == ["GET", "PUT", "PUT"]
+    # A server that really stops: the write is refused at the deadline with what the server said.
+    fake.fail("PUT", r"/cpupoollayouts/node-1$", 503, shutting, times=-1)
+    with pytest.raises(ApiStatus, match=rf"PUT .*/cpupoollayouts/node-1 failed with 503: {shutting}"):
+        ensure_layout(api, layout_object("node-1", make_plan(num_exclusive_cores=2), {}), check_mode=False, wait=0.5)
+
+
 def test_the_uncordon_waits_for_a_ready_newer_than_the_drain_saw(cluster):
     """After a reboot the Node still says what the old kubelet posted: only a newer Ready readmits it."""
     from cpupools.cluster.k8s_apply import drain, wait_ready

@@ -335,14 +335,40 @@ def _wait_established(
 
 
 def _not_served_yet(code: int, body: object) -> bool:
-    """The answer of a CRD's resource in the moment after it became Established.
+    """The answer of a CRD's resource in the moment after it became Established or was updated.
 
     The server builds the resource's storage then: a 429 ``storage is
     (re)initializing``, or the bare ``404 page not found`` of a path no group
-    serves (no Status naming an object).
+    serves (no Status naming an object). After an update of the CRD (ours,
+    from an older cpupools) it tears the previous storage down, and a request
+    that reached that storage is refused unprocessed with ``503 apiserver is
+    shutting down`` (seen on kube-apiserver 1.36 in a POST right after the
+    update); a 503 of a server that really stops lasts past the deadline.
     """
     details = body.get("details") if isinstance(body, Mapping) else None
-    return code == 429 or (code == 404 and not (isinstance(details, Mapping) and details.get("name")))
+    return code in (429, 503) or (code == 404 and not (isinstance(details, Mapping) and details.get("name")))
+
+
+def _served(
+    api: Api,
+    method: str,
+    path: str,
+    body: object,
+    deadline: float,
+    sleep: Callable[[float], None],
+    clock: Callable[[], float],
+) -> tuple[int, object]:
+    """``api.raw(method, path, body)``, repeated while the resource is not served yet, until ``deadline``.
+
+    A write is repeated too: those answers come before the storage did
+    anything, and a PUT carries the resourceVersion it read (a repeat of one
+    that did land is a 409, read again by the caller).
+    """
+    code, answer = api.raw(method, path, body)
+    while _not_served_yet(code, answer) and clock() < deadline:
+        sleep(0.2)
+        code, answer = api.raw(method, path, body)
+    return code, answer
 
 
 def ensure_layout(
@@ -356,8 +382,9 @@ def ensure_layout(
 ) -> str:
     """Publish the node's layout object. Returns ``created``, ``updated`` or ``unchanged``.
 
-    Right after its CRD is Established the server may not serve the resource
-    yet (``_not_served_yet``): the read is repeated for up to ``wait`` seconds.
+    Right after its CRD is Established or updated the server may not serve
+    the resource yet (``_not_served_yet``): each request is repeated for up to
+    ``wait`` seconds in all.
     """
     if not crd_exists:  # check mode before the CRD exists: nothing to read
         return "created"
@@ -365,14 +392,11 @@ def ensure_layout(
     path = f"{LAYOUT_PATH}/{quote(name, safe='')}"
     deadline = clock() + wait
     for _ in range(api.attempts):
-        code, current = api.raw("GET", path)
-        while _not_served_yet(code, current) and clock() < deadline:
-            sleep(0.2)
-            code, current = api.raw("GET", path)
+        code, current = _served(api, "GET", path, None, deadline, sleep, clock)
         if code == 404:
             if check_mode:
                 return "created"
-            code, body = api.raw("POST", LAYOUT_PATH, obj)
+            code, body = _served(api, "POST", LAYOUT_PATH, obj, deadline, sleep, clock)
             if code in (200, 201):
                 return "created"
             if code != 409:
@@ -386,7 +410,7 @@ def ensure_layout(
             return "updated"
         labels = dict((current.get("metadata") or {}).get("labels") or {}, **obj["metadata"].get("labels", {}))
         meta = dict(current["metadata"], labels=labels)
-        code, answer = api.raw("PUT", path, dict(obj, metadata=meta))
+        code, answer = _served(api, "PUT", path, dict(obj, metadata=meta), deadline, sleep, clock)
         if code == 200:
             return "updated"
         if code != 409:
