@@ -271,6 +271,8 @@ class RealKube:
     _reaper_pipe: int | None = None
     _counter: int = 0
     _ssl: ssl.SSLContext | None = None
+    #: Each ``deny``'s dry-run create, by policy name: ``undeny`` waits until it passes again.
+    _probes: dict = field(default_factory=dict)
 
     # -- lifecycle
     @classmethod
@@ -658,18 +660,27 @@ class RealKube:
         )
         base = f"/apis/{group}/{version}" if group else "/api/v1"
         probe = {"apiVersion": f"{group}/{version}" if group else version, "metadata": {"generateName": "probe-"}}
-        deadline = time.monotonic() + 30
-        while (
-            self.request("POST", f"{base}/namespaces/{namespace}/{resource}", probe, query={"dryRun": "All"}).status
-            != 403
-        ):
-            assert time.monotonic() < deadline, f"the policy {name} did not take effect"
-            time.sleep(0.1)
+        self._probes[name] = (f"{base}/namespaces/{namespace}/{resource}", probe)
+        self._wait_denied(name, True)
 
     def undeny(self, name: str) -> None:
+        """Lift ``deny(name)``; returns once a dry-run create passes the admission again.
+
+        The server enforces a policy from its own informer's copy: a create sent
+        right after the DELETE can still be refused for a moment.
+        """
         admission = "/apis/admissionregistration.k8s.io/v1"
         self.request("DELETE", f"{admission}/validatingadmissionpolicybindings/{name}")
         self.request("DELETE", f"{admission}/validatingadmissionpolicies/{name}")
+        self._wait_denied(name, False)
+        del self._probes[name]
+
+    def _wait_denied(self, name: str, denied: bool, timeout: float = 30.0) -> None:
+        path, probe = self._probes[name]
+        deadline = time.monotonic() + timeout
+        while (self.request("POST", path, probe, query={"dryRun": "All"}).status == 403) != denied:
+            assert time.monotonic() < deadline, f"the policy {name} did not {'take effect' if denied else 'lift'}"
+            time.sleep(0.1)
 
     # -- the audit log
     def audit_mark(self) -> int:
