@@ -467,6 +467,22 @@ class RealKube:
             "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
         }
         self.ok("POST", f"{rbac}/clusterrolebindings", binding)
+        # The authorizer reads RBAC from its informer's copy, as admission reads its policies (``undeny``):
+        # wait until it grants the role's first rule, so the next request does not race the binding.
+        rule = role["rules"][0]
+        resource = rule["resources"][0].partition("/")
+        attributes = {"verb": rule["verbs"][0], "group": rule["apiGroups"][0], "resource": resource[0]}
+        if resource[2]:
+            attributes["subresource"] = resource[2]
+        review = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": {"user": user, "resourceAttributes": attributes},
+        }
+        sar, deadline = "/apis/authorization.k8s.io/v1/subjectaccessreviews", time.monotonic() + 30
+        while not self.ok("POST", sar, review)["status"].get("allowed"):
+            assert time.monotonic() < deadline, f"the ClusterRoleBinding {name} did not take effect"
+            time.sleep(0.05)
 
     def get(self, path: str) -> dict | None:
         """The object at ``path``, or ``None`` when there is none (404)."""
