@@ -479,10 +479,11 @@ class RealKube:
             "kind": "SubjectAccessReview",
             "spec": {"user": user, "resourceAttributes": attributes},
         }
-        sar, deadline = "/apis/authorization.k8s.io/v1/subjectaccessreviews", time.monotonic() + 30
-        while not self.ok("POST", sar, review)["status"].get("allowed"):
-            assert time.monotonic() < deadline, f"the ClusterRoleBinding {name} did not take effect"
-            time.sleep(0.05)
+        sar = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
+        wait_for(
+            lambda: self.ok("POST", sar, review)["status"].get("allowed"),
+            f"the ClusterRoleBinding {name} did not take effect",
+        )
 
     def get(self, path: str) -> dict | None:
         """The object at ``path``, or ``None`` when there is none (404)."""
@@ -605,14 +606,15 @@ class RealKube:
 
     def wait_crd(self, name: str, timeout: float = 30.0) -> dict:
         """The CRD once Established."""
-        deadline = time.monotonic() + timeout
-        while True:
+        seen: dict = {}
+
+        def established() -> dict | None:
             crd = self.ok("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
-            conditions = {c["type"]: c["status"] for c in (crd.get("status") or {}).get("conditions") or []}
-            if conditions.get("Established") == "True":
-                return crd
-            assert time.monotonic() < deadline, f"CRD {name} not Established: {conditions}"
-            time.sleep(0.05)
+            seen.clear()
+            seen.update((c["type"], c["status"]) for c in (crd.get("status") or {}).get("conditions") or [])
+            return crd if seen.get("Established") == "True" else None
+
+        return wait_for(established, lambda: f"CRD {name} not Established: {seen}", timeout)
 
     def ensure_crd(self, crd: dict) -> dict:
         """Create ``crd`` unless a CRD of that name exists; return it Established and its resource served."""
@@ -622,20 +624,17 @@ class RealKube:
         crd = self.wait_crd(name)
         version = next(v["name"] for v in crd["spec"]["versions"] if v.get("served"))
         plural = crd["spec"]["names"]["plural"]
-        deadline = time.monotonic() + 30
-        while self.request("GET", f"/apis/{crd['spec']['group']}/{version}/{plural}").status != 200:
-            assert time.monotonic() < deadline, f"{name} Established but not served"  # storage (re)initializing
-            time.sleep(0.05)
+        wait_for(  # the resource's storage (re)initializing
+            lambda: self.request("GET", f"/apis/{crd['spec']['group']}/{version}/{plural}").status == 200,
+            f"{name} Established but not served",
+        )
         return crd
 
     def delete_crd(self, name: str, timeout: float = 30.0) -> None:
         """Delete a CRD and wait until it is gone (its objects are deleted first, by the server)."""
         path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"
         self.request("DELETE", path)
-        deadline = time.monotonic() + timeout
-        while self.get(path) is not None:
-            assert time.monotonic() < deadline, f"CRD {name} still there after {timeout}s"
-            time.sleep(0.05)
+        wait_for(lambda: self.get(path) is None, f"CRD {name} still there after {timeout}s", timeout)
 
     def deny(self, name: str, resource: str, namespace: str, message: str, group: str = "", version: str = "v1"):
         """Make the server refuse (403) every create of ``resource`` in ``namespace``, with ``message``.
@@ -693,10 +692,12 @@ class RealKube:
 
     def _wait_denied(self, name: str, denied: bool, timeout: float = 30.0) -> None:
         path, probe = self._probes[name]
-        deadline = time.monotonic() + timeout
-        while (self.request("POST", path, probe, query={"dryRun": "All"}).status == 403) != denied:
-            assert time.monotonic() < deadline, f"the policy {name} did not {'take effect' if denied else 'lift'}"
-            time.sleep(0.1)
+        wait_for(
+            lambda: (self.request("POST", path, probe, query={"dryRun": "All"}).status == 403) == denied,
+            f"the policy {name} did not {'take effect' if denied else 'lift'}",
+            timeout,
+            interval=0.1,
+        )
 
     # -- the audit log
     def audit_mark(self) -> int:
@@ -712,12 +713,12 @@ class RealKube:
         """
         marker = f"/api/v1/namespaces/audit-marker-{secrets.token_hex(6)}"
         self.request("GET", marker)
-        deadline = time.monotonic() + 10
-        while True:
-            if self.audit_log.exists() and marker.encode() in self.audit_log.read_bytes()[-200_000:]:
-                return
-            assert time.monotonic() < deadline, "the audit log did not record a marker request"
-            time.sleep(0.02)
+        wait_for(
+            lambda: self.audit_log.exists() and marker.encode() in self.audit_log.read_bytes()[-200_000:],
+            "the audit log did not record a marker request",
+            10,
+            interval=0.02,
+        )
 
     def audit(self, since: int = 0, user: str | None = None) -> list[dict]:
         """The audit events after ``since`` (a mark), without the marker requests; ``user``: only that user's."""
@@ -736,6 +737,21 @@ class RealKube:
     def audit_writes(self, since: int = 0, user: str | None = None) -> list[dict]:
         """The write requests (create, update, patch, delete) after ``since``, dry runs included."""
         return [e for e in self.audit(since, user) if e.get("verb") in WRITE_VERBS]
+
+
+def wait_for(condition, failure, timeout: float = 30.0, interval: float = 0.05):
+    """Call ``condition`` every ``interval`` s until it returns something true, and return that.
+
+    The server answers from informers that catch up a moment after a write:
+    a test waits for the effect it needs, not for a fixed time. Fails with
+    ``failure`` (a text, or a function that makes it from what was last seen)
+    after ``timeout`` s.
+    """
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        assert time.monotonic() < deadline, failure() if callable(failure) else failure
+        time.sleep(interval)
+    return value
 
 
 def ready_condition() -> dict:

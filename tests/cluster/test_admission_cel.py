@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import copy
 import ssl
-import time
 
 import pytest
 from cpupools.cluster.k8s_admission import ensure_admission
 from cpupools.cluster.k8s_advertise import Credentials, stdlib_transport
 from cpupools.cluster.k8s_apply import Api
+from k8s_real import wait_for
 
 EXCL = "cmk.intel.com/exclusive-cores"
 ENI = "cmk.intel.com/exclusive-non-isolcpus-cores"
@@ -42,15 +42,11 @@ class Injector:
         """Publish the policy with ``options`` and wait until the server applies it."""
         ensure_admission(self.api, "present", check_mode=False, **options)
         probe = pod(container(requests={options.get("exclusive_resource", EXCL): "1"}))
-        deadline = time.monotonic() + 30
-        while True:  # the server's policy cache follows the stored object within a second or so
-            admitted = self.admit(probe, wait=False)
-            if admitted["spec"].get("volumes"):  # a probe only the policy just published matches
-                return
-            assert time.monotonic() < deadline, "the policy did not take effect"
-            time.sleep(0.1)
+        # The server's policy cache follows the stored object within a second
+        # or so; the probe is one only the policy just published changes.
+        wait_for(lambda: self.admit(probe)["spec"].get("volumes"), "the policy did not take effect", interval=0.1)
 
-    def admit(self, body: dict, wait: bool = True) -> dict:
+    def admit(self, body: dict) -> dict:
         """The pod as the server would store it (``dryRun=All``: nothing is stored)."""
         resp = self.real.request("POST", f"/api/v1/namespaces/{self.namespace}/pods", body, query={"dryRun": "All"})
         assert resp.status == 201, resp.body.get("message") if isinstance(resp.body, dict) else resp.body
