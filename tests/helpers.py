@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -189,3 +190,18 @@ def run_module(name: str, args: dict, tmp_path: Path) -> dict:
         env=dict(os.environ, PYTHONPATH=str(REPO / "collections")),
     )
     return json.loads(proc.stdout)
+
+
+def wait_for(condition, failure, timeout: float = 30.0, interval: float = 0.05):
+    """Call ``condition`` every ``interval`` s until it returns something true, and return that.
+
+    A test waits for the effect it needs (a process holding its list, a
+    server's informer catching up with a write), not for a fixed time. Fails
+    with ``failure`` (a text, or a function that makes it from what was last
+    seen) after ``timeout`` s.
+    """
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        assert time.monotonic() < deadline, failure() if callable(failure) else failure
+        time.sleep(interval)
+    return value

@@ -53,6 +53,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote, urlencode
 
+from helpers import wait_for
+
 ASSET_VARIABLES = ("CPUPOOLS_K8S_ASSETS", "KUBEBUILDER_ASSETS")
 PROGRAMS = ("etcd", "kube-apiserver")
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
@@ -737,21 +739,6 @@ class RealKube:
     def audit_writes(self, since: int = 0, user: str | None = None) -> list[dict]:
         """The write requests (create, update, patch, delete) after ``since``, dry runs included."""
         return [e for e in self.audit(since, user) if e.get("verb") in WRITE_VERBS]
-
-
-def wait_for(condition, failure, timeout: float = 30.0, interval: float = 0.05):
-    """Call ``condition`` every ``interval`` s until it returns something true, and return that.
-
-    The server answers from informers that catch up a moment after a write:
-    a test waits for the effect it needs, not for a fixed time. Fails with
-    ``failure`` (a text, or a function that makes it from what was last seen)
-    after ``timeout`` s.
-    """
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        assert time.monotonic() < deadline, failure() if callable(failure) else failure
-        time.sleep(interval)
-    return value
 
 
 def ready_condition() -> dict:

@@ -9,7 +9,7 @@ import pytest
 from cpupools.cluster.k8s_admission import ensure_admission
 from cpupools.cluster.k8s_advertise import Credentials, stdlib_transport
 from cpupools.cluster.k8s_apply import Api
-from k8s_real import wait_for
+from helpers import wait_for
 
 EXCL = "cmk.intel.com/exclusive-cores"
 ENI = "cmk.intel.com/exclusive-non-isolcpus-cores"

@@ -18,6 +18,7 @@ import urllib.request
 
 import pytest
 from cpupools.cluster.k8s import layout_crd
+from helpers import wait_for
 from k8s_fake import FakeKube
 from k8s_support import TOKEN
 
@@ -54,13 +55,11 @@ def call(kube, method, path, body=None, ctype="application/json", token=TOKEN):
 
 
 def wait_established(kube, name, deadline=10.0):
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
+    def established() -> bool:
         conditions = {c["type"]: c["status"] for c in call(kube, "GET", f"{CRDS}/{name}")[1]["status"]["conditions"]}
-        if conditions.get("Established") == "True":
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{name} not Established within {deadline}s")
+        return conditions.get("Established") == "True"
+
+    wait_for(established, f"{name} not Established within {deadline}s", deadline)
 
 
 def layout(name="node-1", **spec):

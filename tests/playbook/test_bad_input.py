@@ -28,14 +28,13 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import yaml
 from cpupools.core.cpulist import parse_cpulist
-from helpers import REPO, run_playbook, tree_snapshot
+from helpers import REPO, run_playbook, tree_snapshot, wait_for
 from sysfs import CORPUS, write_tree
 
 pytestmark = pytest.mark.slow
@@ -688,14 +687,6 @@ def test_count_from_e_means_cores_per_socket(tmp_path):
     assert 0 not in parse_cpulist(plans[0]["isolated_cpus"])
 
 
-def _wait_for(predicate, timeout: float = 30.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
 def test_resize_live_tasks_cannot_fit_is_refused_before_the_kernel_stage(tmp_path, built_agent):
     """Issue 11: the refusal comes from the plan play, so the GRUB drop-in keeps the old layout."""
     inventory = write_inventory(tmp_path)
@@ -712,7 +703,7 @@ def test_resize_live_tasks_cannot_fit_is_refused_before_the_kernel_stage(tmp_pat
         def held() -> bool:
             return any(str(holder.pid) in p.read_text().split() for p in conf.glob("pools/exclusive/*/*/tasks"))
 
-        _wait_for(held, what=f"PID {holder.pid} in a tasks file")
+        wait_for(held, f"timed out waiting for PID {holder.pid} in a tasks file")
         before = tree_snapshot(sandbox)
         res = run_playbook(REPO / "site.yml", tmp_path, {"cpupools_num_exclusive_cores": 0}, inventory=str(inventory))
         msg = assert_refused_in_plan_play(res, "cpupools_plan", "refusing to change the pool state")
